@@ -1,0 +1,160 @@
+"""Pipelined GQA forward — the lab's TileLang baseline.
+
+FA3 counterpart: none by hand; this is TileLang's own ``T.Pipelined`` flash-attention
+(TileLang ``examples/flash_attention`` GQA BSHD), which on sm_90a the compiler turns into a
+producer warpgroup (TMA, ``setmaxnreg`` 24) plus ``threads / 128`` consumer warpgroups
+(``setmaxnreg`` 240) by itself. Every warp-specialized kernel in the lab is measured against it.
+
+Roles (after TileLang's automatic warp specialization, 2 consumer WGs at ``threads=256``):
+  WG0..WGn-1  consumers: S = Q Kᵀ (SS wgmma), online softmax (exp2, scale·log2 e), O += P V.
+  WGn         producer: TMA loads of K/V into a ``num_stages`` ring (full/empty mbarriers).
+Shared memory (fp16/bf16, bytes): Q bm·D + stages·bn·(D + Dv) + O bm·Dv
+  (TileLang reuses the Q buffer for O where their lifetimes allow).
+
+Masking: causal blocks above the diagonal are skipped (``loop_range``); the diagonal block and
+the ragged last KV block (S not a multiple of bn) get -inf scores. Rows past S are computed on
+TMA's zero fill and clipped by the TMA store.
+"""
+
+import functools
+import math
+from dataclasses import dataclass
+
+import tilelang.language as T
+import torch
+
+from ws_lab.check import validate_attention_inputs
+from ws_lab.shapes import Shape
+from ws_lab.target import compile_sm90a
+
+LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class Config:
+    block_m: int
+    block_n: int
+    threads: int
+    num_stages: int
+
+
+# (D, Dv, causal) -> Config. Measured on the H100 (see NOTES.md "pipelined configs").
+CONFIGS: dict[tuple[int, int, bool], Config] = {
+    (64, 64, False): Config(128, 128, 256, 2),
+    (64, 64, True): Config(128, 128, 256, 2),
+    (128, 128, False): Config(128, 128, 256, 2),
+    (128, 128, True): Config(128, 128, 256, 2),
+    (256, 256, False): Config(128, 64, 256, 1),
+    (256, 256, True): Config(128, 64, 256, 1),
+    (64, 512, False): Config(64, 64, 128, 1),
+    (64, 512, True): Config(64, 64, 128, 1),
+    (64, 256, False): Config(64, 64, 128, 1),
+    (64, 256, True): Config(64, 64, 128, 1),
+}
+HEAD_DIMS = sorted({(d, dv) for d, dv, _ in CONFIGS})
+
+
+def config_for(head_dim: int, head_dim_v: int, causal: bool) -> Config:
+    return CONFIGS[(head_dim, head_dim_v, causal)]
+
+
+def flash_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtype, softmax_scale,
+              cfg: Config):
+    """The TileLang prim_func: q (B,S,Hq,D), k (B,S,Hkv,D), v (B,S,Hkv,Dv) -> out (B,S,Hq,Dv)."""
+    bm, bn = cfg.block_m, cfg.block_n
+    group = heads // kv_heads
+    scale_log2 = softmax_scale * LOG2E
+    accum = "float"
+    neg_inf = -T.infinity(accum)
+
+    @T.prim_func
+    def main(
+        Q: T.Tensor([batch, seq_len, heads, head_dim], dtype),
+        K: T.Tensor([batch, seq_len, kv_heads, head_dim], dtype),
+        V: T.Tensor([batch, seq_len, kv_heads, head_dim_v], dtype),
+        Out: T.Tensor([batch, seq_len, heads, head_dim_v], dtype),
+    ):
+        with T.Kernel(T.ceildiv(seq_len, bm), heads, batch, threads=cfg.threads) as (bx, by, bz):
+            q_s = T.alloc_shared([bm, head_dim], dtype)
+            k_s = T.alloc_shared([bn, head_dim], dtype)
+            v_s = T.alloc_shared([bn, head_dim_v], dtype)
+            o_s = T.alloc_shared([bm, head_dim_v], dtype)
+            acc_s = T.alloc_fragment([bm, bn], accum)
+            p = T.alloc_fragment([bm, bn], dtype)
+            acc_o = T.alloc_fragment([bm, head_dim_v], accum)
+            row_max = T.alloc_fragment([bm], accum)
+            row_max_prev = T.alloc_fragment([bm], accum)
+            row_rescale = T.alloc_fragment([bm], accum)
+            block_sum = T.alloc_fragment([bm], accum)
+            row_sum = T.alloc_fragment([bm], accum)
+
+            T.copy(Q[bz, bx * bm:(bx + 1) * bm, by, :], q_s)
+            T.fill(acc_o, 0)
+            T.fill(row_sum, 0)
+            T.fill(row_max, neg_inf)
+
+            n_blocks = T.ceildiv(seq_len, bn)
+            loop_range = T.min(n_blocks, T.ceildiv((bx + 1) * bm, bn)) if causal else n_blocks
+            for kb in T.Pipelined(loop_range, num_stages=cfg.num_stages):
+                T.copy(K[bz, kb * bn:(kb + 1) * bn, by // group, :], k_s)
+                # Mask before the GEMM accumulates into acc_s: -inf where the key is out of range
+                # (ragged tail) or in the future (causal).
+                for i, j in T.Parallel(bm, bn):
+                    if causal:
+                        acc_s[i, j] = T.if_then_else(bx * bm + i >= kb * bn + j, 0, neg_inf)
+                    else:
+                        acc_s[i, j] = T.if_then_else(kb * bn + j < seq_len, 0, neg_inf)
+                T.gemm(q_s, k_s, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+
+                T.copy(row_max, row_max_prev)
+                T.reduce_max(acc_s, row_max, dim=1, clear=False)
+                for i in T.Parallel(bm):
+                    row_rescale[i] = T.exp2(row_max_prev[i] * scale_log2 - row_max[i] * scale_log2)
+                for i, j in T.Parallel(bm, bn):
+                    acc_s[i, j] = T.exp2(acc_s[i, j] * scale_log2 - row_max[i] * scale_log2)
+                T.reduce_sum(acc_s, block_sum, dim=1)
+                for i in T.Parallel(bm):
+                    row_sum[i] = row_sum[i] * row_rescale[i] + block_sum[i]
+                T.copy(acc_s, p)
+                for i, j in T.Parallel(bm, head_dim_v):
+                    acc_o[i, j] *= row_rescale[i]
+
+                T.copy(V[bz, kb * bn:(kb + 1) * bn, by // group, :], v_s)
+                T.gemm(p, v_s, acc_o, policy=T.GemmWarpPolicy.FullRow)
+
+            for i, j in T.Parallel(bm, head_dim_v):
+                acc_o[i, j] /= row_sum[i]
+            T.copy(acc_o, o_s)
+            T.copy(o_s, Out[bz, bx * bm:(bx + 1) * bm, by, :])
+
+    return main
+
+
+def supports(shape: Shape) -> bool:
+    return (shape.head_dim, shape.head_dim_v) in HEAD_DIMS
+
+
+def prim_func_for(shape: Shape, config: "Config | None" = None):
+    """The prim_func the lab runs for a named shape (used by ``ws_lab.emit``)."""
+    cfg = config or config_for(shape.head_dim, shape.head_dim_v, shape.causal)
+    return flash_fwd(shape.batch, shape.seq_len, shape.heads, shape.kv_heads, shape.head_dim,
+                     shape.head_dim_v, shape.causal, shape.dtype, 1.0 / math.sqrt(shape.head_dim), cfg)
+
+
+@functools.lru_cache(maxsize=None)
+def compiled(*args):
+    """The compiled kernel for ``flash_fwd``'s arguments (thread-safe: tests compile in parallel)."""
+    return compile_sm90a(flash_fwd(*args))
+
+
+def attention(q, k, v, causal=False, softmax_scale=None, out=None, config: "Config | None" = None):
+    """BSHD GQA forward. q (B,S,Hq,D), k (B,S,Hkv,D), v (B,S,Hkv,Dv) fp16/bf16 on CUDA."""
+    dims = validate_attention_inputs(q, k, v, supported_head_dims=HEAD_DIMS, out=out,
+                                     softmax_scale=softmax_scale)
+    cfg = config or config_for(dims.head_dim, dims.head_dim_v, bool(causal))
+    kernel = compiled(dims.batch, dims.seq_len, dims.heads, dims.kv_heads, dims.head_dim,
+                      dims.head_dim_v, bool(causal), dims.tl_dtype, dims.softmax_scale, cfg)
+    if out is None:
+        out = torch.empty(*q.shape[:3], dims.head_dim_v, dtype=q.dtype, device=q.device)
+    kernel(q, k, v, out)
+    return out

@@ -1,0 +1,268 @@
+"""The lab's one benchmark runner: every kernel and every peer, measured in one process.
+
+For each shape × mask × dtype it checks each implementation once against the float64 oracle
+(NaN-poisoned output for the lab's kernels), times it with ``triton.testing.do_bench`` (median,
+rotating input sets when they fit in L2) and prints one markdown table with the gap columns:
+``×peer`` = peer time / row time (> 1: the row is faster). A peer that fails or is absent shows
+``n/a`` and never stops the run. Without CUDA it prints the static report (emitted CUDA + SASS
+summary) instead.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+from ws_lab import registry, shapes
+
+# Tensor-core and HBM ceilings of the H100 SXM used for the floor row (measured: NOTES.md).
+TENSOR_TFLOPS = 792.0
+HBM_TBPS = 3.0
+PEERS = ["sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "pipelined", "tileops"]
+GAP_LABEL = {"sdpa-cudnn": "×cuDNN", "sdpa-flash": "×flash", "sdpa-efficient": "×mem-eff",
+             "pipelined": "×pipelined", "tileops": "×TileOPs"}
+DTYPES = {"float16": "float16", "fp16": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16"}
+
+
+@dataclass
+class Row:
+    impl: str
+    shape: str
+    seq_len: int
+    mask: str
+    dtype: str
+    ms: float | None = None
+    tflops: float | None = None
+    rel_err: float | None = None
+    note: str = ""
+
+
+def floor_ms(shape: shapes.Shape) -> float:
+    return max(shape.flops() / (TENSOR_TFLOPS * 1e12), shape.min_bytes() / (HBM_TBPS * 1e12)) * 1e3
+
+
+# --- implementations: each returns a zero-argument callable producing a BSHD-shaped output ---
+
+def _lab_impl(name: str):
+    kernel = registry.get(name)
+
+    def make(q, k, v, causal):
+        import torch
+
+        fn = kernel.attention
+        out = torch.empty(*q.shape[:3], v.shape[3], dtype=q.dtype, device=q.device)
+        return lambda: fn(q, k, v, causal=causal, out=out)
+
+    return make
+
+
+def _sdpa_impl(backend_name: str):
+    def make(q, k, v, causal):
+        import torch
+        import torch.nn.functional as F
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        backend = getattr(SDPBackend, backend_name)
+        qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+        group = q.shape[2] // k.shape[2]
+
+        def call(kk, vv, gqa):
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(qt, kk, vv, is_causal=causal,
+                                                      enable_gqa=gqa).transpose(1, 2)
+
+        try:
+            call(kt, vt, group > 1)
+            return lambda: call(kt, vt, group > 1)
+        except RuntimeError:
+            if group == 1:
+                raise
+        # This backend has no GQA: expand K/V once, outside the timed call.
+        ke, ve = (t.repeat_interleave(group, dim=1) for t in (kt, vt))
+        call(ke, ve, False)
+        return lambda: call(ke, ve, False)
+
+    return make
+
+
+def _tileops_impl():
+    def make(q, k, v, causal):
+        from tileops.attention import GQADenseFwdOp
+
+        op = GQADenseFwdOp(is_causal=causal)
+        return lambda: op(q, k, v)
+
+    return make
+
+
+def implementations(lab_kernels: list[str]) -> dict[str, Callable]:
+    impls = {name: _lab_impl(name) for name in dict.fromkeys(lab_kernels + ["pipelined"])}
+    impls["sdpa-cudnn"] = _sdpa_impl("CUDNN_ATTENTION")
+    impls["sdpa-flash"] = _sdpa_impl("FLASH_ATTENTION")
+    impls["sdpa-efficient"] = _sdpa_impl("EFFICIENT_ATTENTION")
+    impls["tileops"] = _tileops_impl()
+    return impls
+
+
+# --- measuring ---
+
+def _input_sets(shape: shapes.Shape, device):
+    """Enough independent input sets that cycling through them defeats the L2 cache."""
+    import torch
+
+    from ws_lab.check import random_qkv
+
+    l2 = torch.cuda.get_device_properties(device).L2_cache_size
+    count = min(8, max(1, math.ceil(4 * l2 / shape.min_bytes())))
+    dtype = getattr(torch, shape.dtype)
+    return [random_qkv(shape.batch, shape.seq_len, shape.heads, shape.kv_heads, shape.head_dim,
+                       shape.head_dim_v, dtype, device)[0] for _ in range(count)]
+
+
+def measure(shape: shapes.Shape, impls: dict[str, Callable], is_lab: set[str]) -> list[Row]:
+    import torch
+    import triton.testing
+
+    from ws_lab import oracle
+
+    sets = _input_sets(shape, "cuda")
+    q, k, v = sets[0]
+    ref, _ = oracle.attention_ref(q, k, v, causal=shape.causal)
+    mask = "causal" if shape.causal else "full"
+    rows = []
+    for name, make in impls.items():
+        row = Row(name, shape.name, shape.seq_len, mask, shape.dtype)
+        try:
+            calls = [make(*s, shape.causal) for s in sets]
+            if name in is_lab:
+                out = torch.full_like(ref, float("nan"), dtype=q.dtype)
+                registry.get(name).attention(q, k, v, causal=shape.causal, out=out)
+            else:
+                out = calls[0]()
+            torch.cuda.synchronize()
+            row.rel_err = oracle.rel_l2(out, ref)
+            cycle = itertools.cycle(calls)
+            row.ms = triton.testing.do_bench(lambda: next(cycle)(), warmup=100, rep=500,
+                                             return_mode="median")
+            row.tflops = shape.flops() / (row.ms * 1e9)
+        except Exception as exc:  # a peer that cannot run this shape shows n/a
+            row.note = f"{type(exc).__name__}: {str(exc).splitlines()[0][:80] if str(exc) else ''}"
+        rows.append(row)
+        torch.cuda.empty_cache()
+    floor = Row("floor", shape.name, shape.seq_len, mask, shape.dtype, floor_ms(shape))
+    floor.tflops = shape.flops() / (floor.ms * 1e9)
+    floor.note = (f"max({TENSOR_TFLOPS:.0f} TFLOP/s, {HBM_TBPS} TB/s); "
+                  f"{len(sets)} rotating input set(s)")
+    rows.append(floor)
+    return rows
+
+
+def _fmt(x, spec):
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def table(rows: list[Row]) -> str:
+    head = ["impl", "shape", "mask", "dtype", "ms", "TFLOPS", "rel-err"] + [GAP_LABEL[p] for p in PEERS]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    by_case = itertools.groupby(rows, key=lambda r: (r.shape, r.mask, r.dtype))
+    for _, case in by_case:
+        case = list(case)
+        peer_ms = {r.impl: r.ms for r in case}
+        for r in case:
+            gaps = [_fmt(peer_ms.get(p) / r.ms if peer_ms.get(p) and r.ms else None, ".2f")
+                    for p in PEERS]
+            cells = [r.impl, r.shape, r.mask, r.dtype, _fmt(r.ms, ".3f"), _fmt(r.tflops, ".0f"),
+                     _fmt(r.rel_err, ".1e")] + gaps
+            lines.append("| " + " | ".join(cells) + " |")
+    notes = [f"- {r.impl} {r.shape} {r.mask}: {r.note}" for r in rows if r.note and r.impl != "floor"]
+    return "\n".join(lines + ([""] + notes if notes else []))
+
+
+def plot(rows: list[Row], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    key = lambda r: (r.impl, r.mask, r.dtype)  # noqa: E731
+    for (impl, mask, dtype), group in itertools.groupby(sorted(rows, key=key), key=key):
+        pts = sorted((r.seq_len, r.tflops) for r in group if r.tflops)
+        if pts:
+            ax.plot(*zip(*pts), marker="o", label=f"{impl} ({mask}, {dtype})")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("sequence length")
+    ax.set_ylabel("TFLOPS")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def static_report(kernels: list[str], cases: list[shapes.Shape]) -> None:
+    from ws_lab import emit
+
+    print("no CUDA device: printing the static report (emitted CUDA + SASS summary) instead\n")
+    for shape in cases:
+        for name in kernels:
+            if not registry.get(name).supports(shape):
+                print(f"{name} does not support {shape.name}\n")
+                continue
+            try:
+                print(emit.report(name, shape) + "\n")
+            except Exception as exc:  # e.g. no nvcc on this machine
+                print(f"{name} on {shape.name}: static report failed: {exc}\n")
+
+
+def parse_args(argv, default_shapes: list[str], extra: Callable | None = None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", action="append", choices=sorted(shapes.SHAPES),
+                    help=f"repeatable; default {', '.join(default_shapes)}")
+    ap.add_argument("--causal", choices=["0", "1", "both"], default=None,
+                    help="override each shape's default mask")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="float16")
+    ap.add_argument("--json", type=Path, help="write the rows as JSON here")
+    ap.add_argument("--plot", type=Path, help="write a TFLOPS-vs-seqlen PNG here")
+    if extra:
+        extra(ap)
+    args = ap.parse_args(argv)
+    args.shape = args.shape or default_shapes
+    args.cases = [s.with_dtype(DTYPES[args.dtype])
+                  for name in args.shape for s in shapes.masks(shapes.get(name), args.causal)]
+    return args
+
+
+def main(kernels: list[str], default_shapes: list[str], argv=None) -> list[Row]:
+    """Entry point of every ``bench/*.py``: the lab kernels to measure and the default shapes."""
+    args = parse_args(argv, default_shapes)
+    return run(kernels, args)
+
+
+def run(kernels: list[str], args) -> list[Row]:
+    import torch
+
+    if not torch.cuda.is_available():
+        static_report(kernels, args.cases)
+        return []
+    impls = implementations(kernels)
+    order = kernels + [p for p in PEERS if p not in kernels]
+    impls = {name: impls[name] for name in order}
+    rows = []
+    for shape in args.cases:
+        if not any(registry.get(k).supports(shape) for k in kernels):
+            print(f"skipping {shape.name}: none of {kernels} supports it", file=sys.stderr)
+            continue
+        rows += measure(shape, impls, set(kernels) | {"pipelined"})
+    device = torch.cuda.get_device_name()
+    print(f"\n{device}, torch {torch.__version__}; ×peer = peer ms / row ms\n")
+    print(table(rows))
+    if args.json:
+        args.json.write_text(json.dumps({"device": device, "rows": [asdict(r) for r in rows]},
+                                        indent=1))
+    if args.plot:
+        plot(rows, args.plot)
+    return rows

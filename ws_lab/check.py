@@ -1,0 +1,139 @@
+"""Input validation for every kernel entry point, and the correctness check against the oracle."""
+from __future__ import annotations
+
+import math
+import secrets
+from dataclasses import dataclass
+
+import torch
+
+from ws_lab import oracle
+
+# Relative L2 error ‖out−ref‖/‖ref‖ allowed per input dtype (P is rounded to the input dtype
+# before the PV GEMM, so the error is a few ulps of that dtype).
+TOLERANCE = {torch.float16: 2e-3, torch.bfloat16: 1.2e-2, torch.float32: 1e-5}
+
+_TL_DTYPE = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+@dataclass(frozen=True)
+class AttentionDims:
+    batch: int
+    seq_len: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    head_dim_v: int
+    dtype: torch.dtype
+    softmax_scale: float
+
+    @property
+    def tl_dtype(self) -> str:
+        return _TL_DTYPE[self.dtype]
+
+
+def _require_tensor(name, t):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def validate_attention_inputs(q, k, v, *, supported_head_dims, out=None, softmax_scale=None,
+                              dtypes=(torch.float16, torch.bfloat16)) -> AttentionDims:
+    """Checks BSHD q/k/v (and out) before any launch; raises TypeError/ValueError naming the problem.
+
+    q (B, S, Hq, D), k (B, S, Hkv, D), v (B, S, Hkv, Dv), out (B, S, Hq, Dv): one dtype from
+    ``dtypes``, contiguous, on one CUDA device; Hq a multiple of Hkv; (D, Dv) in
+    ``supported_head_dims``; softmax_scale None (1/sqrt(D)) or finite and > 0.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _require_tensor(name, t)
+        if t.dtype not in dtypes:
+            raise TypeError(f"{name} has dtype {t.dtype}; supported: {', '.join(map(str, dtypes))}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D BSHD (batch, seq, heads, head_dim), got shape "
+                             f"{tuple(t.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    batch, seq_len, heads, head_dim = q.shape
+    if k.shape[:2] != (batch, seq_len) or v.shape[:2] != (batch, seq_len):
+        raise ValueError(f"batch/seq mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, "
+                         f"v {tuple(v.shape)}")
+    kv_heads = k.shape[2]
+    if v.shape[2] != kv_heads:
+        raise ValueError(f"k has {kv_heads} heads but v has {v.shape[2]}")
+    if k.shape[3] != head_dim:
+        raise ValueError(f"q head_dim {head_dim} != k head_dim {k.shape[3]}")
+    if min(batch, seq_len, heads, kv_heads) == 0:
+        raise ValueError(f"empty input: q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if heads % kv_heads:
+        raise ValueError(f"Hq={heads} is not a multiple of Hkv={kv_heads} (GQA needs whole groups)")
+    head_dim_v = v.shape[3]
+    if (head_dim, head_dim_v) not in supported_head_dims:
+        raise ValueError(f"unsupported head dim (D={head_dim}, Dv={head_dim_v}); supported (D, Dv): "
+                         f"{sorted(supported_head_dims)}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous BSHD; got strides {t.stride()} for shape "
+                             f"{tuple(t.shape)}")
+    if out is not None:
+        _require_tensor("out", out)
+        want = (batch, seq_len, heads, head_dim_v)
+        if tuple(out.shape) != want or out.dtype != q.dtype or not out.is_contiguous():
+            raise ValueError(f"out must be a contiguous {q.dtype} tensor of shape {want}, got "
+                             f"{out.dtype} {tuple(out.shape)} strides {out.stride()}")
+    scale = validate_scale(softmax_scale, head_dim)
+    tensors = [q, k, v] + ([out] if out is not None else [])
+    if any(t.device.type != "cuda" for t in tensors):
+        raise ValueError(f"inputs must be CUDA tensors, got devices {[str(t.device) for t in tensors]}")
+    if len({t.device for t in tensors}) != 1:
+        raise ValueError(f"inputs are on different devices: {[str(t.device) for t in tensors]}")
+    return AttentionDims(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, q.dtype, scale)
+
+
+def validate_scale(softmax_scale, head_dim: int) -> float:
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+        raise TypeError(f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
+    if not math.isfinite(softmax_scale) or softmax_scale <= 0:
+        raise ValueError(f"softmax_scale must be finite and > 0, got {softmax_scale}")
+    return float(softmax_scale)
+
+
+def random_qkv(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, dtype, device, seed=None):
+    """Fresh N(0,1) q, k, v (never zeros); returns them and the seed that reproduces them."""
+    seed = secrets.randbits(31) if seed is None else seed
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
+
+    q = randn(batch, seq_len, heads, head_dim)
+    k = randn(batch, seq_len, kv_heads, head_dim)
+    v = randn(batch, seq_len, kv_heads, head_dim_v)
+    return (q, k, v), seed
+
+
+@dataclass
+class CheckResult:
+    rel_err: float
+    tolerance: float
+    seed: int
+
+    @property
+    def ok(self) -> bool:
+        return self.rel_err <= self.tolerance  # NaN compares False
+
+    def __str__(self):
+        return f"rel_err={self.rel_err:.3e} (tol {self.tolerance:.1e}, seed {self.seed})"
+
+
+def check_attention(fn, batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtype,
+                    device="cuda", softmax_scale=None) -> CheckResult:
+    """Runs ``fn(q, k, v, causal=, softmax_scale=, out=)`` on fresh random inputs into a
+    NaN-poisoned output and compares with the float64 oracle."""
+    (q, k, v), seed = random_qkv(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, dtype, device)
+    out = torch.full((batch, seq_len, heads, head_dim_v), float("nan"), dtype=dtype, device=device)
+    fn(q, k, v, causal=causal, softmax_scale=softmax_scale, out=out)
+    ref, _ = oracle.attention_ref(q, k, v, causal=causal, softmax_scale=softmax_scale)
+    return CheckResult(oracle.rel_l2(out, ref), TOLERANCE[dtype], seed)

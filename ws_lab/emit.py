@@ -1,0 +1,119 @@
+"""Emit / inspect a lab kernel without a GPU.
+
+    python -m ws_lab.emit KERNEL --shape NAME [--causal] [--dtype bf16] [--out DIR]
+
+Lowers the kernel for sm_90a, writes the raw CUDA, the post-processed CUDA and their diff,
+compiles a cubin with this machine's nvcc and prints the SASS summary (HGMMA shapes,
+WARPGROUP.ARRIVE/DEPBAR order, USETMAXREG, BAR/SYNCS/UTMALDG counts, registers, spills, smem).
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ws_lab import registry, sass, shapes
+from ws_lab.target import SM90A
+
+
+@dataclass
+class Emitted:
+    kernel: str
+    shape: shapes.Shape
+    source: str
+    postprocessed: str
+    rewrites: list
+    dyn_smem: int
+    threads: int
+
+
+def lower(kernel_name: str, shape: shapes.Shape) -> Emitted:
+    import tilelang
+    import tvm
+
+    from postproc import postprocess
+
+    func = registry.get(kernel_name).prim_func(shape)
+    target = tvm.target.Target(SM90A)
+    with target:
+        art = tilelang.lower(func, target=target)
+    attrs = next(f.attrs for _, f in art.device_mod.functions.items() if "thread_extent" in f.attrs)
+    extent = attrs["thread_extent"]
+    threads = int(extent["threadIdx.x"]) * int(extent["threadIdx.y"]) * int(extent["threadIdx.z"])
+    smem = int(attrs["dyn_shared_memory_buf"]) if "dyn_shared_memory_buf" in attrs else 0
+    post, rewrites = postprocess(art.kernel_source)
+    return Emitted(kernel_name, shape, art.kernel_source, post, rewrites, smem, threads)
+
+
+def nvcc_cubin(source: str, cubin: Path) -> str:
+    """Compiles CUDA source to an sm_90a cubin as TileLang would; returns ptxas's -v report."""
+    from tilelang import env
+
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        raise FileNotFoundError("nvcc is not on PATH (needed to compile the emitted CUDA)")
+    cu = cubin.with_suffix(".cu")
+    cu.write_text(source)
+    cmd = [nvcc, "-std=c++20", "-O3", "-w", "-lineinfo", "--cubin", "-gencode",
+           "arch=compute_90a,code=sm_90a", "-Xptxas", "-v", f"-I{env.TILELANG_TEMPLATE_PATH}",
+           f"-I{env.CUTLASS_INCLUDE_DIR}", "-o", str(cubin), str(cu)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"nvcc failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    return done.stderr
+
+
+def inspect(emitted: Emitted, out_dir: Path) -> sass.SassSummary:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"{emitted.kernel}_{emitted.shape.name}_{'causal' if emitted.shape.causal else 'full'}"
+    (out_dir / f"{stem}.cu").write_text(emitted.source)
+    (out_dir / f"{stem}.post.cu").write_text(emitted.postprocessed)
+    diff = difflib.unified_diff(emitted.source.splitlines(True), emitted.postprocessed.splitlines(True),
+                                f"{stem}.cu", f"{stem}.post.cu")
+    (out_dir / f"{stem}.diff").write_text("".join(diff))
+    cubin = out_dir / f"{stem}.cubin"
+    ptxas = nvcc_cubin(emitted.postprocessed, cubin)
+    sass_text = sass.dump_sass(cubin)
+    (out_dir / f"{stem}.sass").write_text(sass_text)
+    summary = sass.parse_ptxas(ptxas, sass.summarize_sass(sass_text))
+    summary.dyn_smem = emitted.dyn_smem
+    return summary
+
+
+def report(kernel_name: str, shape: shapes.Shape, out_dir: Path | None = None) -> str:
+    """Lowers, compiles and summarizes one kernel on one shape; returns the printable report."""
+    emitted = lower(kernel_name, shape)
+    with tempfile.TemporaryDirectory() as tmp:
+        summary = inspect(emitted, Path(out_dir or tmp))
+    head = (f"{kernel_name} on {shape.name} ({'causal' if shape.causal else 'non-causal'}, "
+            f"{shape.dtype}): {emitted.threads} threads, {len(emitted.source.splitlines())} lines "
+            f"of CUDA, {len(emitted.rewrites)} post-processor rewrites")
+    rewrites = [f"  rewrite {r}" for r in emitted.rewrites]
+    return "\n".join([head, *rewrites, summary.format()])
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m ws_lab.emit", description=__doc__.splitlines()[0])
+    ap.add_argument("kernel", choices=sorted(registry.KERNELS))
+    ap.add_argument("--shape", default="llama8b-4k", choices=sorted(shapes.SHAPES))
+    ap.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None,
+                    help="override the shape's default mask")
+    ap.add_argument("--dtype", choices=["float16", "bfloat16"], default="float16")
+    ap.add_argument("--out", type=Path, default=None, help="keep .cu/.post.cu/.diff/.cubin/.sass here")
+    args = ap.parse_args(argv)
+    shape = shapes.get(args.shape).with_dtype(args.dtype)
+    if args.causal is not None:
+        shape = shape.with_mask(args.causal)
+    if not registry.get(args.kernel).supports(shape):
+        ap.error(f"{args.kernel} does not support {shape}")
+    print(report(args.kernel, shape, args.out))
+    if args.out:
+        print(f"files in {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""Float64 attention references. Every kernel family of the lab is checked against this module.
+
+Layout BSHD: q (B, S, Hq, D), k (B, S, Hkv, D), v (B, S, Hkv, Dv) -> out (B, S, Hq, Dv).
+Query head h reads KV head h // (Hq // Hkv).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+# float64 score elements materialized at once (2^27 = 1 GiB).
+_SCORE_ELEMS = 1 << 27
+
+
+def attention_ref(q, k, v, causal=False, softmax_scale=None):
+    """Returns (out, lse): out (B, S, Hq, Dv) float64; lse (B, Hq, S) float64, natural log.
+
+    Computed a few heads at a time so that S = 16k fits in memory.
+    """
+    batch, seq_q, heads, head_dim = q.shape
+    kv_heads, seq_k = k.shape[2], k.shape[1]
+    if heads % kv_heads:
+        raise ValueError(f"Hq={heads} is not a multiple of Hkv={kv_heads}")
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
+    group = heads // kv_heads
+    future = torch.ones(seq_q, seq_k, dtype=torch.bool, device=q.device).triu(1) if causal else None
+    out = torch.empty(batch, heads, seq_q, v.shape[3], dtype=torch.float64, device=q.device)
+    lse = torch.empty(batch, heads, seq_q, dtype=torch.float64, device=q.device)
+    chunk = max(1, _SCORE_ELEMS // (seq_q * seq_k))
+    for b in range(batch):
+        for h0 in range(0, heads, chunk):
+            hs = torch.arange(h0, min(h0 + chunk, heads), device=q.device)
+            qd = q[b, :, hs].to(torch.float64).transpose(0, 1)             # h S D
+            kd = k[b, :, hs // group].to(torch.float64).transpose(0, 1)    # h S D
+            vd = v[b, :, hs // group].to(torch.float64).transpose(0, 1)    # h S Dv
+            scores = torch.matmul(qd, kd.transpose(-1, -2)) * scale
+            if causal:
+                scores.masked_fill_(future, float("-inf"))
+            lse[b, hs] = torch.logsumexp(scores, dim=-1)
+            out[b, hs] = torch.matmul(torch.exp(scores - lse[b, hs].unsqueeze(-1)), vd)
+    return out.transpose(1, 2), lse
+
+
+def rel_l2(out, ref) -> float:
+    """‖out − ref‖ / ‖ref‖ in float64; NaN anywhere in out gives NaN (which fails every check)."""
+    out64, ref64 = out.to(torch.float64), ref.to(torch.float64)
+    return (torch.linalg.vector_norm(out64 - ref64) / torch.linalg.vector_norm(ref64)).item()

@@ -1,0 +1,51 @@
+"""Every attention kernel of the lab, by name: ``attention(q, k, v, causal=False,
+softmax_scale=None, out=None) -> out`` (BSHD, fp16/bf16 on CUDA) plus ``supports(shape)``.
+
+A TileLang kernel also gives ``prim_func(shape)`` so that ``ws_lab.emit`` can lower it
+without a GPU. A new kernel adds one ``_register`` line here.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+from dataclasses import dataclass
+from typing import Callable
+
+from ws_lab.shapes import Shape
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str
+    module: str  # import path of the kernel family's file, loaded on first use
+    options: tuple = ()  # (keyword, value) pairs selecting a variant of the family
+
+    def _mod(self):
+        return importlib.import_module(self.module)
+
+    @property
+    def attention(self) -> Callable:
+        return functools.partial(self._mod().attention, **dict(self.options))
+
+    def supports(self, shape: Shape) -> bool:
+        return self._mod().supports(shape)
+
+    def prim_func(self, shape: Shape):
+        return self._mod().prim_func_for(shape, **dict(self.options))
+
+
+KERNELS: dict[str, Kernel] = {}
+
+
+def _register(name: str, module: str, **options) -> None:
+    KERNELS[name] = Kernel(name, module, tuple(sorted(options.items())))
+
+
+_register("pipelined", "kernels.pipelined")
+
+
+def get(name: str) -> Kernel:
+    try:
+        return KERNELS[name]
+    except KeyError:
+        raise ValueError(f"unknown kernel {name!r}; registered: {', '.join(KERNELS)}") from None

@@ -1,0 +1,115 @@
+"""Reads a cubin's SASS (cuobjdump) and ptxas's resource report into one summary."""
+from __future__ import annotations
+
+import re
+import subprocess
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def tool(name: str) -> str:
+    """cuobjdump/nvdisasm: the CUDA toolkit's if on PATH, else the copy in Triton's wheel."""
+    import shutil
+
+    found = shutil.which(name)
+    if found:
+        return found
+    import triton
+
+    bundled = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
+    if bundled.exists():
+        return str(bundled)
+    raise FileNotFoundError(f"{name} is neither on PATH nor in Triton's wheel")
+
+
+@dataclass
+class SassSummary:
+    hgmma: Counter = field(default_factory=Counter)  # shape (e.g. 64x128x16.F32[.RS]) -> count
+    warpgroup_sync: list = field(default_factory=list)  # ARRIVE / DEPBAR.LE gsb0 0xN, program order
+    setmaxnreg: list = field(default_factory=list)  # e.g. ['TRY_ALLOC 240', 'DEALLOC 24']
+    counts: Counter = field(default_factory=Counter)  # BAR, SYNCS, UTMALDG, UTMASTG
+    registers: int | None = None
+    spill_stores: int | None = None
+    spill_loads: int | None = None
+    stack_frame: int | None = None
+    dyn_smem: int | None = None
+
+    @property
+    def spill_bytes(self) -> int:
+        return (self.spill_stores or 0) + (self.spill_loads or 0)
+
+    def format(self) -> str:
+        lines = ["SASS summary"]
+        lines.append("  HGMMA: " + (", ".join(f"{s} x{n}" for s, n in sorted(self.hgmma.items()))
+                                    or "none"))
+        lines.append("  USETMAXREG: " + (", ".join(self.setmaxnreg) or "none"))
+        lines.append("  " + ", ".join(f"{k} {self.counts[k]}" for k in
+                                      ("BAR", "SYNCS", "UTMALDG", "UTMASTG")))
+        lines.append(f"  registers {self.registers}, spill stores {self.spill_stores} B, "
+                     f"spill loads {self.spill_loads} B, stack {self.stack_frame} B, "
+                     f"dynamic smem {self.dyn_smem} B")
+        lines.append("  WARPGROUP order: " + " ".join(_run_length(self.warpgroup_sync)))
+        return "\n".join(lines)
+
+
+def _run_length(seq):
+    out, prev, n = [], None, 0
+    for item in seq + [None]:
+        if item == prev:
+            n += 1
+            continue
+        if prev is not None:
+            out.append(prev if n == 1 else f"{prev}×{n}")
+        prev, n = item, 1
+    return out
+
+
+_HGMMA = re.compile(r"\bHGMMA\.(\S+?)\s+(R\d+|RZ),\s*(\S+?),")
+_WG = re.compile(r"\bWARPGROUP\.(ARRIVE|DEPBAR\.LE\s+gsb0,\s*0x[0-9a-f]+)")
+_MAXREG = re.compile(r"\bUSETMAXREG\.(TRY_ALLOC|DEALLOC)\S*\s+(?:UP\d+,\s*)?(0x[0-9a-f]+|\d+)")
+
+
+def _wg_name(text: str) -> str:
+    """'ARRIVE' or 'DEPBAR.LE N' (N: wgmma groups left in flight)."""
+    if text == "ARRIVE":
+        return text
+    return f"DEPBAR.LE {int(text.rsplit(',', 1)[1], 0)}"
+
+
+def sass_instructions(sass: str) -> list[str]:
+    """The instruction text of each SASS line, in program order."""
+    return [m.group(1).strip() for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", sass)]
+
+
+def summarize_sass(sass: str, summary: SassSummary | None = None) -> SassSummary:
+    s = summary or SassSummary()
+    for ins in sass_instructions(sass):
+        if m := _HGMMA.search(ins):
+            a_in_regs = not m.group(3).startswith("gdesc")
+            s.hgmma[m.group(1) + (".RS" if a_in_regs else "")] += 1
+        elif m := _WG.search(ins):
+            s.warpgroup_sync.append(_wg_name(m.group(1)))
+        elif m := _MAXREG.search(ins):
+            s.setmaxnreg.append(f"{m.group(1)} {int(m.group(2), 0)}")
+        opcode = ins.split()[0] if ins.split() else ""
+        if opcode.startswith("@"):
+            opcode = ins.split()[1]
+        for key in ("BAR", "SYNCS", "UTMALDG", "UTMASTG"):
+            if opcode == key or opcode.startswith(key + "."):
+                s.counts[key] += 1
+    return s
+
+
+def parse_ptxas(report: str, summary: SassSummary) -> SassSummary:
+    if m := re.search(r"Used (\d+) registers", report):
+        summary.registers = int(m.group(1))
+    if m := re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads",
+                      report):
+        summary.stack_frame, summary.spill_stores, summary.spill_loads = map(int, m.groups())
+    return summary
+
+
+def dump_sass(cubin: Path) -> str:
+    return subprocess.run([tool("cuobjdump"), "--dump-sass", str(cubin)], check=True,
+                          capture_output=True, text=True).stdout
