@@ -9,8 +9,14 @@ import sys
 from ws_lab import bench
 
 
+CANDIDATES = [c for c in itertools.product((64, 128), (64, 128), (128, 256), (1, 2))
+              if not (c[2] == 256 and c[0] == 64)]
+
+
 def tune(cases):
     """Times every candidate config on each case and prints the winning CONFIGS entries."""
+    from concurrent.futures import ThreadPoolExecutor
+
     import torch
     import triton.testing
 
@@ -21,16 +27,25 @@ def tune(cases):
         dtype = getattr(torch, shape.dtype)
         (q, k, v), _ = random_qkv(shape.batch, shape.seq_len, shape.heads, shape.kv_heads,
                                   shape.head_dim, shape.head_dim_v, dtype, "cuda")
-        timings = {}
-        for bm, bn, threads, stages in itertools.product((64, 128), (64, 128), (128, 256), (1, 2)):
-            if threads == 256 and bm == 64:
-                continue
-            cfg = pipelined.Config(bm, bn, threads, stages)
+        configs = [pipelined.Config(*c) for c in CANDIDATES]
+
+        def build(cfg):
             try:
-                run = lambda: pipelined.attention(q, k, v, causal=shape.causal, config=cfg)  # noqa: E731
-                run()
-                timings[cfg] = triton.testing.do_bench(run, warmup=50, rep=200, return_mode="median")
+                pipelined.compiled(shape.batch, shape.seq_len, shape.heads, shape.kv_heads,
+                                   shape.head_dim, shape.head_dim_v, shape.causal, shape.dtype,
+                                   shape.head_dim ** -0.5, cfg)
+                return cfg
             except Exception as exc:  # e.g. shared memory over the limit
+                print(f"  {cfg}: {type(exc).__name__}", file=sys.stderr)
+
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            built = [cfg for cfg in pool.map(build, configs) if cfg]
+        timings = {}
+        for cfg in built:
+            run = lambda: pipelined.attention(q, k, v, causal=shape.causal, config=cfg)  # noqa: E731
+            try:
+                timings[cfg] = triton.testing.do_bench(run, warmup=50, rep=200, return_mode="median")
+            except Exception as exc:  # e.g. a launch that needs more shared memory than there is
                 print(f"  {cfg}: {type(exc).__name__}", file=sys.stderr)
         for cfg, ms in sorted(timings.items(), key=lambda kv: kv[1]):
             print(f"  {shape.name} causal={shape.causal} {cfg}: {ms:.3f} ms, "
