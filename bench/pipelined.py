@@ -4,6 +4,7 @@
     python bench/pipelined.py --tune --shape llama8b-4k     # sweep configs, print CONFIGS lines
 """
 import itertools
+import math
 import sys
 
 from ws_lab import bench
@@ -33,7 +34,7 @@ def tune(cases):
             try:
                 pipelined.compiled(shape.batch, shape.seq_len, shape.heads, shape.kv_heads,
                                    shape.head_dim, shape.head_dim_v, shape.causal, shape.dtype,
-                                   shape.head_dim ** -0.5, cfg)
+                                   1.0 / math.sqrt(shape.head_dim), cfg)
                 return cfg
             except Exception as exc:  # e.g. shared memory over the limit
                 print(f"  {cfg}: {type(exc).__name__}", file=sys.stderr)
