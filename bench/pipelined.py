@@ -3,6 +3,7 @@
     python bench/pipelined.py --shape llama8b-4k --shape llama8b-8k --causal both
     python bench/pipelined.py --tune --shape llama8b-4k     # sweep configs, print CONFIGS lines
 """
+import functools
 import itertools
 import math
 import sys
@@ -10,8 +11,9 @@ import sys
 from ws_lab import bench
 
 
-CANDIDATES = [c for c in itertools.product((64, 128), (64, 128), (128, 256), (1, 2))
-              if not (c[2] == 256 and c[0] == 64)]
+# (block_m, block_n, threads, num_stages, overlap); the overlap schedule ignores num_stages.
+CANDIDATES = [c for c in itertools.product((64, 128), (64, 128), (128, 256), (1, 2), (False, True))
+              if not (c[2] == 256 and c[0] == 64) and not (c[4] and c[3] == 2)]
 
 
 def tune(cases):
@@ -22,7 +24,7 @@ def tune(cases):
     import triton.testing
 
     from kernels import pipelined
-    from ws_lab.check import random_qkv
+    from ws_lab.check import check_attention, random_qkv
 
     for shape in cases:
         dtype = getattr(torch, shape.dtype)
@@ -41,16 +43,23 @@ def tune(cases):
 
         with ThreadPoolExecutor(max_workers=16) as pool:
             built = [cfg for cfg in pool.map(build, configs) if cfg]
-        timings = {}
+        timings, errors = {}, {}
         for cfg in built:
             run = lambda: pipelined.attention(q, k, v, causal=shape.causal, config=cfg)  # noqa: E731
             try:
-                timings[cfg] = triton.testing.do_bench(run, warmup=50, rep=200, return_mode="median")
+                errors[cfg] = check_attention(
+                    functools.partial(pipelined.attention, config=cfg), shape.batch, shape.seq_len,
+                    shape.heads, shape.kv_heads, shape.head_dim, shape.head_dim_v, shape.causal, dtype)
+                if errors[cfg].ok:
+                    timings[cfg] = triton.testing.do_bench(run, warmup=50, rep=200,
+                                                           return_mode="median")
             except Exception as exc:  # e.g. a launch that needs more shared memory than there is
                 print(f"  {cfg}: {type(exc).__name__}", file=sys.stderr)
         for cfg, ms in sorted(timings.items(), key=lambda kv: kv[1]):
             print(f"  {shape.name} causal={shape.causal} {cfg}: {ms:.3f} ms, "
-                  f"{shape.flops() / ms / 1e9:.0f} TFLOPS")
+                  f"{shape.flops() / ms / 1e9:.0f} TFLOPS, {errors[cfg]}")
+        for cfg in set(errors) - set(timings):
+            print(f"  {shape.name} causal={shape.causal} {cfg}: WRONG {errors[cfg]}")
         best = min(timings, key=timings.get)
         print(f"    ({shape.head_dim}, {shape.head_dim_v}, {shape.causal}): {best},")
 

@@ -36,6 +36,10 @@ class Config:
     block_n: int
     threads: int
     num_stages: int
+    # True: TileLang's manual order/stage schedule (ORDER/STAGE below), which it lowers to a
+    # cp.async software pipeline without a producer warpgroup; num_stages is then ignored.
+    # False: the automatic pipeline, warp-specialized with TMA and a num_stages-deep ring.
+    overlap: bool = False
 
 
 # (D, Dv, causal) -> Config. Measured on the H100 (see NOTES.md "pipelined configs").
@@ -51,6 +55,12 @@ CONFIGS: dict[tuple[int, int, bool], Config] = {
     (64, 256, False): Config(64, 64, 128, 1),
     (64, 256, True): Config(64, 64, 128, 1),
 }
+# The overlap schedule (TileLang's example schedule, FA3's order): the loop body's 13 statements
+# are copy K, init S, QK GEMM | 7 softmax statements | rescale O, copy V, PV GEMM; the last three
+# run one iteration behind (stage 1), so iteration k issues S_k = Q K_kᵀ, then O += P_{k-1} V_{k-1},
+# then the softmax of S_k.
+ORDER = [0, 1, 2] + list(range(6, 13)) + [3, 4, 5]
+STAGE = [0, 0, 0] + [0] * 7 + [1, 1, 1]
 HEAD_DIMS = sorted({(d, dv) for d, dv, _ in CONFIGS})
 
 
@@ -66,6 +76,7 @@ def flash_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dty
     scale_log2 = softmax_scale * LOG2E
     accum = "float"
     neg_inf = -T.infinity(accum)
+    schedule = dict(order=ORDER, stage=STAGE) if cfg.overlap else dict(num_stages=cfg.num_stages)
 
     @T.prim_func
     def main(
@@ -95,15 +106,18 @@ def flash_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dty
 
             n_blocks = T.ceildiv(seq_len, bn)
             loop_range = T.min(n_blocks, T.ceildiv((bx + 1) * bm, bn)) if causal else n_blocks
-            for kb in T.Pipelined(loop_range, num_stages=cfg.num_stages):
+            for kb in T.Pipelined(loop_range, **schedule):
                 T.copy(K[bz, kb * bn:(kb + 1) * bn, by // group, :], k_s)
-                # Mask before the GEMM accumulates into acc_s: -inf where the key is out of range
-                # (ragged tail) or in the future (causal).
-                for i, j in T.Parallel(bm, bn):
-                    if causal:
+                # Scores start at -inf where the key is in the future (causal) or past the end
+                # (ragged tail), and at 0 elsewhere; the GEMM accumulates onto them.
+                if causal:
+                    for i, j in T.Parallel(bm, bn):
                         acc_s[i, j] = T.if_then_else(bx * bm + i >= kb * bn + j, 0, neg_inf)
-                    else:
+                elif seq_len % bn:
+                    for i, j in T.Parallel(bm, bn):
                         acc_s[i, j] = T.if_then_else(kb * bn + j < seq_len, 0, neg_inf)
+                else:
+                    T.clear(acc_s)
                 T.gemm(q_s, k_s, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
 
                 T.copy(row_max, row_max_prev)
@@ -116,9 +130,9 @@ def flash_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dty
                 for i in T.Parallel(bm):
                     row_sum[i] = row_sum[i] * row_rescale[i] + block_sum[i]
                 T.copy(acc_s, p)
+
                 for i, j in T.Parallel(bm, head_dim_v):
                     acc_o[i, j] *= row_rescale[i]
-
                 T.copy(V[bz, kb * bn:(kb + 1) * bn, by // group, :], v_s)
                 T.gemm(p, v_s, acc_o, policy=T.GemmWarpPolicy.FullRow)
 
