@@ -36,10 +36,9 @@ class Config:
     block_n: int
     threads: int
     num_stages: int
-    # True: TileLang's manual order/stage schedule (ORDER/STAGE below), which it lowers to a
-    # cp.async software pipeline without a producer warpgroup; num_stages is then ignored.
-    # False: the automatic pipeline, warp-specialized with TMA and a num_stages-deep ring.
-    overlap: bool = False
+    # Heaviest Q tiles first (FA3's LPT order for causal): the grid is (heads, q-tiles, batch)
+    # and tile y is ceil(S/bm) - 1 - blockIdx.y, so the last wave holds the short diagonal tiles.
+    heavy_first: bool = False
 
 
 # (D, Dv, causal) -> Config. Measured on the H100 (see NOTES.md "pipelined configs").
@@ -55,12 +54,6 @@ CONFIGS: dict[tuple[int, int, bool], Config] = {
     (64, 256, False): Config(64, 64, 128, 1),
     (64, 256, True): Config(64, 64, 128, 1),
 }
-# The overlap schedule (TileLang's example schedule, FA3's order): the loop body's 13 statements
-# are copy K, init S, QK GEMM | 7 softmax statements | rescale O, copy V, PV GEMM; the last three
-# run one iteration behind (stage 1), so iteration k issues S_k = Q K_kᵀ, then O += P_{k-1} V_{k-1},
-# then the softmax of S_k.
-ORDER = [0, 1, 2] + list(range(6, 13)) + [3, 4, 5]
-STAGE = [0, 0, 0] + [0] * 7 + [1, 1, 1]
 HEAD_DIMS = sorted({(d, dv) for d, dv, _ in CONFIGS})
 
 
@@ -76,7 +69,6 @@ def flash_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dty
     scale_log2 = softmax_scale * LOG2E
     accum = "float"
     neg_inf = -T.infinity(accum)
-    schedule = dict(order=ORDER, stage=STAGE) if cfg.overlap else dict(num_stages=cfg.num_stages)
 
     @T.prim_func
     def main(
@@ -85,7 +77,11 @@ def flash_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dty
         V: T.Tensor([batch, seq_len, kv_heads, head_dim_v], dtype),
         Out: T.Tensor([batch, seq_len, heads, head_dim_v], dtype),
     ):
-        with T.Kernel(T.ceildiv(seq_len, bm), heads, batch, threads=cfg.threads) as (bx, by, bz):
+        n_qtiles = T.ceildiv(seq_len, bm)
+        grid = (heads, n_qtiles, batch) if cfg.heavy_first else (n_qtiles, heads, batch)
+        with T.Kernel(*grid, threads=cfg.threads) as (gx, gy, bz):
+            bx = n_qtiles - 1 - gy if cfg.heavy_first else gx  # Q tile
+            by = gx if cfg.heavy_first else gy  # query head
             q_s = T.alloc_shared([bm, head_dim], dtype)
             k_s = T.alloc_shared([bn, head_dim], dtype)
             v_s = T.alloc_shared([bn, head_dim_v], dtype)
@@ -106,16 +102,23 @@ def flash_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dty
 
             n_blocks = T.ceildiv(seq_len, bn)
             loop_range = T.min(n_blocks, T.ceildiv((bx + 1) * bm, bn)) if causal else n_blocks
-            for kb in T.Pipelined(loop_range, **schedule):
+            for kb in T.Pipelined(loop_range, num_stages=cfg.num_stages):
                 T.copy(K[bz, kb * bn:(kb + 1) * bn, by // group, :], k_s)
                 # Scores start at -inf where the key is in the future (causal) or past the end
-                # (ragged tail), and at 0 elsewhere; the GEMM accumulates onto them.
+                # (ragged tail), and at 0 elsewhere; the GEMM accumulates onto them. Only the
+                # blocks that straddle the diagonal (or the ragged last block) pay for the mask.
                 if causal:
-                    for i, j in T.Parallel(bm, bn):
-                        acc_s[i, j] = T.if_then_else(bx * bm + i >= kb * bn + j, 0, neg_inf)
+                    if (kb + 1) * bn > bx * bm:
+                        for i, j in T.Parallel(bm, bn):
+                            acc_s[i, j] = T.if_then_else(bx * bm + i >= kb * bn + j, 0, neg_inf)
+                    else:
+                        T.clear(acc_s)
                 elif seq_len % bn:
-                    for i, j in T.Parallel(bm, bn):
-                        acc_s[i, j] = T.if_then_else(kb * bn + j < seq_len, 0, neg_inf)
+                    if kb == n_blocks - 1:
+                        for i, j in T.Parallel(bm, bn):
+                            acc_s[i, j] = T.if_then_else(kb * bn + j < seq_len, 0, neg_inf)
+                    else:
+                        T.clear(acc_s)
                 else:
                     T.clear(acc_s)
                 T.gemm(q_s, k_s, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
