@@ -37,9 +37,10 @@ def lower(kernel_name: str, shape: shapes.Shape) -> Emitted:
 
     from postproc import postprocess
 
-    func = registry.get(kernel_name).prim_func(shape)
+    kernel = registry.get(kernel_name)
+    func = kernel.prim_func(shape)
     target = tvm.target.Target(SM90A)
-    with target:
+    with tilelang.transform.PassContext(config=kernel.pass_configs), target:
         art = tilelang.lower(func, target=target)
     attrs = next(f.attrs for _, f in art.device_mod.functions.items() if "thread_extent" in f.attrs)
     extent = attrs["thread_extent"]

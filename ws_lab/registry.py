@@ -30,6 +30,11 @@ class Kernel:
     def supports(self, shape: Shape) -> bool:
         return self._mod().supports(shape)
 
+    @property
+    def pass_configs(self) -> dict:
+        """TileLang pass configs the family compiles with (emit lowers with the same)."""
+        return getattr(self._mod(), "PASS_CONFIGS", {})
+
     def prim_func(self, shape: Shape):
         return self._mod().prim_func_for(shape, **dict(self.options))
 
@@ -42,6 +47,8 @@ def _register(name: str, module: str, **options) -> None:
 
 
 _register("pipelined", "kernels.pipelined")
+_register("coop", "kernels.coop", pingpong=True)
+_register("coop-nopp", "kernels.coop", pingpong=False)
 
 
 def get(name: str) -> Kernel:

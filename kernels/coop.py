@@ -1,0 +1,256 @@
+"""Cooperative 2-consumer-warpgroup warp-specialized forward ("coop"), written with TileLang's
+explicit warp-specialization primitives.
+
+FA3 counterpart: ``hopper/flash_fwd_kernel_sm90.h`` (roles, register budgets) with
+``hopper/mainloop_fwd_sm90_tma_gmma_ws.hpp`` (``load()`` / ``mma()`` without IntraWGOverlap)
+and ``hopper/named_barrier.hpp`` (``WarpSchedulerWG1/2``), kBlockM = 128.
+
+Roles (384 threads; TileLang's fragment layouts count threads from 0, so the producer is the
+*last* warpgroup here where FA3 makes it WG0):
+  threads   0..127  consumer WG1, Q rows [0, 64)    setmaxnreg 240
+  threads 128..255  consumer WG2, Q rows [64, 128)  setmaxnreg 240
+  threads 256..383  producer; its first warp issues every TMA load  setmaxnreg 24
+Each consumer: S = Q Kᵀ (SS wgmma) → wait → release K → mask (diagonal / ragged blocks only),
+online softmax in registers (exp2 of scale·log2 e) → rescale O → O += P V (RS wgmma, P in
+registers) → wait → release V. Epilogue: O / l → its own half of the Q buffer (its last QK GEMM
+has retired) → fence.proxy.async → named barrier of its 128 threads → TMA store.
+
+Pingpong (``Config.pingpong``, FA3 ``warp_scheduler_barrier_sync/arrive``): a consumer issues
+its QK GEMM only after the other consumer has issued its own, so one warpgroup's GEMMs run
+while the other does softmax.
+
+Barriers: mbarriers q_full (32 arrivals: the producer warp), k_full[s] / v_full[s] (32 +
+TMA bytes), k_empty[s] / v_empty[s] (256: every consumer thread); named barriers in
+``NamedBarrier``.
+
+Shared memory (2-byte elements, stages s, block_n bn): Q 128·D + s·bn·(D + Dv); O reuses Q.
+  D 64: 16 + 2·128·128 B = 80 KB; D 128: 32 + 128 = 160 KB (bn 128, s 2);
+  D 256: 64 + 2·64·512 B = 192 KB (bn 64, s 2).
+TileLang's automatic barrier insertion is off (``tl.disable_thread_storage_sync``): it would put
+``__syncthreads()`` where only some warpgroups arrive. Its shared-memory reuse is off too
+(``tl.disable_shared_memory_reuse``): without those syncs, reusing a buffer's bytes for another
+is a race (tilelang #2416); the one reuse here, O into Q, is explicit and per warpgroup.
+"""
+
+import functools
+import math
+from dataclasses import dataclass
+from enum import IntEnum
+
+import tilelang
+import tilelang.language as T
+import torch
+from tilelang.layout import make_swizzled_layout
+
+from ws_lab.check import validate_attention_inputs
+from ws_lab.shapes import Shape
+from ws_lab.target import compile_sm90a
+
+LOG2E = 1.4426950408889634
+BLOCK_M = 128  # two consumer warpgroups × 64 rows
+HALF = BLOCK_M // 2
+CONSUMER_THREADS = 256
+PRODUCER_WARP = 32
+
+PASS_CONFIGS = {
+    tilelang.PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True,
+    tilelang.PassConfigKey.TL_DISABLE_SHARED_MEMORY_REUSE: True,
+    tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True,
+}
+
+
+class NamedBarrier(IntEnum):
+    """Hardware named barriers (id 0 is __syncthreads)."""
+    WARP_SCHEDULER_WG1 = 1  # WG1 may issue its QK GEMM (256 = 128 sync + 128 arrive)
+    WARP_SCHEDULER_WG2 = 2
+    EPILOGUE_WG1 = 3  # WG1's 128 threads have written their O tile
+    EPILOGUE_WG2 = 4
+
+
+@dataclass(frozen=True)
+class Config:
+    block_n: int
+    num_stages: int
+    pingpong: bool
+    heavy_first: bool = False
+
+
+CONFIGS = {
+    64: Config(128, 2, True),
+    128: Config(128, 2, True),
+    256: Config(64, 2, True),
+}
+HEAD_DIMS = sorted((d, d) for d in CONFIGS)
+
+
+def config_for(head_dim: int, causal: bool, pingpong: bool = True) -> Config:
+    base = CONFIGS[head_dim]
+    return Config(base.block_n, base.num_stages, pingpong, heavy_first=causal)
+
+
+def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtype, softmax_scale,
+             cfg: Config):
+    """q (B,S,Hq,D), k (B,S,Hkv,D), v (B,S,Hkv,Dv) -> out (B,S,Hq,Dv)."""
+    bn, stages = cfg.block_n, cfg.num_stages
+    group = heads // kv_heads
+    scale_log2 = softmax_scale * LOG2E
+    accum = "float"
+    neg_inf = -T.infinity(accum)
+    s_regs = HALF * bn // 128  # fp32 registers per thread of a 64 × bn accumulator
+    o_regs = HALF * head_dim_v // 128
+    n_qtiles = (seq_len + BLOCK_M - 1) // BLOCK_M
+    n_kblocks = (seq_len + bn - 1) // bn
+    schedulers = (NamedBarrier.WARP_SCHEDULER_WG1, NamedBarrier.WARP_SCHEDULER_WG2)
+    epilogues = (NamedBarrier.EPILOGUE_WG1, NamedBarrier.EPILOGUE_WG2)
+
+    @T.macro
+    def consumer(wg, Out, q_s, k_s, v_s, q_full, k_full, k_empty, v_full, v_empty, qt, head,
+                 b, loop_range):
+        row0 = qt * BLOCK_M + wg * HALF  # first query row of this warpgroup
+        acc_s = T.alloc_fragment([HALF, bn], accum)
+        p = T.alloc_fragment([HALF, bn], dtype)
+        acc_o = T.alloc_fragment([HALF, head_dim_v], accum)
+        row_max = T.alloc_fragment([HALF], accum)
+        row_max_prev = T.alloc_fragment([HALF], accum)
+        row_rescale = T.alloc_fragment([HALF], accum)
+        block_sum = T.alloc_fragment([HALF], accum)
+        row_sum = T.alloc_fragment([HALF], accum)
+        T.fill(acc_o, 0)
+        T.fill(row_sum, 0)
+        T.fill(row_max, neg_inf)
+        T.mbarrier_wait_parity(q_full, 0)
+        if cfg.pingpong and wg == 1:
+            # WG1 goes first: WG2 pre-pays its arrival on WG1's scheduler barrier.
+            T.named_barrier_arrive(schedulers[0], CONSUMER_THREADS)
+        for kb in T.serial(loop_range):
+            stage = kb % stages
+            phase = (kb // stages) % 2
+            T.mbarrier_wait_parity(k_full[stage], phase)
+            if cfg.pingpong:
+                T.sync_threads(schedulers[wg], CONSUMER_THREADS)
+            T.wgmma_gemm(q_s[wg, :, :], k_s[stage, :, :], acc_s, transpose_B=True,
+                         clear_accum=True)
+            if cfg.pingpong:
+                T.named_barrier_arrive(schedulers[1 - wg], CONSUMER_THREADS)
+            T.wait_wgmma(0)
+            T.warpgroup_fence_operand(acc_s, num_regs=s_regs)
+            T.mbarrier_arrive(k_empty[stage])
+
+            if causal:
+                if (kb + 1) * bn > row0:  # the block reaches past this warpgroup's first row
+                    for i, j in T.Parallel(HALF, bn):
+                        acc_s[i, j] = T.if_then_else(row0 + i >= kb * bn + j, acc_s[i, j], neg_inf)
+            elif seq_len % bn:
+                if kb == n_kblocks - 1:
+                    for i, j in T.Parallel(HALF, bn):
+                        acc_s[i, j] = T.if_then_else(kb * bn + j < seq_len, acc_s[i, j], neg_inf)
+            T.copy(row_max, row_max_prev)
+            T.reduce_max(acc_s, row_max, dim=1, clear=False)
+            for i in T.Parallel(HALF):
+                row_rescale[i] = T.exp2(row_max_prev[i] * scale_log2 - row_max[i] * scale_log2)
+            for i, j in T.Parallel(HALF, bn):
+                acc_s[i, j] = T.exp2(acc_s[i, j] * scale_log2 - row_max[i] * scale_log2)
+            T.reduce_sum(acc_s, block_sum, dim=1)
+            for i in T.Parallel(HALF):
+                row_sum[i] = row_sum[i] * row_rescale[i] + block_sum[i]
+            T.copy(acc_s, p)
+            for i, j in T.Parallel(HALF, head_dim_v):
+                acc_o[i, j] *= row_rescale[i]
+
+            T.mbarrier_wait_parity(v_full[stage], phase)
+            T.wgmma_gemm(p, v_s[stage, :, :], acc_o, clear_accum=False)
+            T.wait_wgmma(0)
+            T.warpgroup_fence_operand(acc_o, num_regs=o_regs)
+            T.mbarrier_arrive(v_empty[stage])
+
+        for i, j in T.Parallel(HALF, head_dim_v):
+            acc_o[i, j] /= row_sum[i]
+        o_s = q_s[wg, :, :]  # this warpgroup's Q rows are dead once its last QK GEMM retired
+        T.copy(acc_o, o_s)
+        T.fence_proxy_async()
+        T.sync_threads(epilogues[wg], 128)
+        T.copy(o_s, Out[b, row0:row0 + HALF, head, :])
+
+    @T.prim_func
+    def main(
+        Q: T.Tensor([batch, seq_len, heads, head_dim], dtype),
+        K: T.Tensor([batch, seq_len, kv_heads, head_dim], dtype),
+        V: T.Tensor([batch, seq_len, kv_heads, head_dim_v], dtype),
+        Out: T.Tensor([batch, seq_len, heads, head_dim_v], dtype),
+    ):
+        grid = (heads, n_qtiles, batch) if cfg.heavy_first else (n_qtiles, heads, batch)
+        with T.Kernel(*grid, threads=CONSUMER_THREADS + 128) as (gx, gy, b):
+            qt = n_qtiles - 1 - gy if cfg.heavy_first else gx
+            head = gx if cfg.heavy_first else gy
+            q_s = T.alloc_shared([2, HALF, head_dim], dtype)
+            k_s = T.alloc_shared([stages, bn, head_dim], dtype)
+            v_s = T.alloc_shared([stages, bn, head_dim_v], dtype)
+            T.annotate_layout({q_s: make_swizzled_layout(q_s), k_s: make_swizzled_layout(k_s),
+                               v_s: make_swizzled_layout(v_s)})
+            q_full = T.alloc_barrier(PRODUCER_WARP)
+            k_full = T.alloc_barrier([PRODUCER_WARP] * stages)
+            v_full = T.alloc_barrier([PRODUCER_WARP] * stages)
+            k_empty = T.alloc_barrier([CONSUMER_THREADS] * stages)
+            v_empty = T.alloc_barrier([CONSUMER_THREADS] * stages)
+            loop_range = T.min(n_kblocks, T.ceildiv((qt + 1) * BLOCK_M, bn)) if causal else n_kblocks
+            kv_head = head // group
+            tx = T.get_thread_binding()
+            if tx >= CONSUMER_THREADS:
+                T.set_max_nreg(24, 0)
+                if tx < CONSUMER_THREADS + PRODUCER_WARP:
+                    for wg in T.unroll(2):
+                        T.tma_copy(Q[b, qt * BLOCK_M + wg * HALF:qt * BLOCK_M + (wg + 1) * HALF,
+                                     head, :], q_s[wg, :, :], barrier=q_full)
+                    T.mbarrier_arrive(q_full)
+                    for kb in T.serial(loop_range):
+                        stage = kb % stages
+                        phase = (kb // stages) % 2
+                        T.mbarrier_wait_parity(k_empty[stage], phase ^ 1)
+                        T.tma_copy(K[b, kb * bn:(kb + 1) * bn, kv_head, :], k_s[stage, :, :],
+                                   barrier=k_full[stage])
+                        T.mbarrier_arrive(k_full[stage])
+                        T.mbarrier_wait_parity(v_empty[stage], phase ^ 1)
+                        T.tma_copy(V[b, kb * bn:(kb + 1) * bn, kv_head, :], v_s[stage, :, :],
+                                   barrier=v_full[stage])
+                        T.mbarrier_arrive(v_full[stage])
+            elif tx < 128:
+                T.set_max_nreg(240, 1)
+                consumer(0, Out, q_s, k_s, v_s, q_full, k_full, k_empty, v_full, v_empty, qt,
+                         head, b, loop_range)
+            else:
+                T.set_max_nreg(240, 1)
+                consumer(1, Out, q_s, k_s, v_s, q_full, k_full, k_empty, v_full, v_empty, qt,
+                         head, b, loop_range)
+
+    return main
+
+
+def supports(shape: Shape) -> bool:
+    return (shape.head_dim, shape.head_dim_v) in HEAD_DIMS
+
+
+def prim_func_for(shape: Shape, pingpong: bool = True):
+    """The prim_func the lab runs for a named shape (used by ``ws_lab.emit``)."""
+    return coop_fwd(shape.batch, shape.seq_len, shape.heads, shape.kv_heads, shape.head_dim,
+                    shape.head_dim_v, shape.causal, shape.dtype, 1.0 / math.sqrt(shape.head_dim),
+                    config_for(shape.head_dim, shape.causal, pingpong))
+
+
+
+@functools.lru_cache(maxsize=None)
+def compiled(*args):
+    """The compiled kernel for ``coop_fwd``'s arguments (thread-safe)."""
+    return compile_sm90a(coop_fwd(*args), pass_configs=PASS_CONFIGS)
+
+
+def attention(q, k, v, causal=False, softmax_scale=None, out=None, pingpong: bool = True):
+    """BSHD GQA forward. q (B,S,Hq,D), k (B,S,Hkv,D), v (B,S,Hkv,D) fp16/bf16 on CUDA; D 64/128/256."""
+    dims = validate_attention_inputs(q, k, v, supported_head_dims=HEAD_DIMS, out=out,
+                                     softmax_scale=softmax_scale)
+    cfg = config_for(dims.head_dim, bool(causal), pingpong)
+    kernel = compiled(dims.batch, dims.seq_len, dims.heads, dims.kv_heads, dims.head_dim,
+                      dims.head_dim_v, bool(causal), dims.tl_dtype, dims.softmax_scale, cfg)
+    if out is None:
+        out = torch.empty(*q.shape[:3], dims.head_dim_v, dtype=q.dtype, device=q.device)
+    kernel(q, k, v, out)
+    return out
