@@ -1,0 +1,11 @@
+"""Benchmark the cooperative warp-specialized forward (with and without pingpong) against the
+lab's pipelined baseline, TileOPs, and cuDNN / flash / mem-efficient SDPA, in one process.
+
+    python bench/coop.py --shape llama8b-4k --shape llama8b-8k --shape train8b-4k
+"""
+import sys
+
+from ws_lab import bench
+
+if __name__ == "__main__":
+    bench.main(["coop", "coop-nopp"], ["llama8b-4k"], sys.argv[1:])
