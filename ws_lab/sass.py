@@ -34,6 +34,7 @@ class SassSummary:
     spill_loads: int | None = None
     stack_frame: int | None = None
     dyn_smem: int | None = None
+    ptxas_remarks: list = field(default_factory=list)  # e.g. C7515 (wgmma serialized), C7508
 
     @property
     def spill_bytes(self) -> int:
@@ -50,6 +51,7 @@ class SassSummary:
                      f"spill loads {self.spill_loads} B, stack {self.stack_frame} B, "
                      f"dynamic smem {self.dyn_smem} B")
         lines.append("  WARPGROUP order: " + " ".join(_run_length(self.warpgroup_sync)))
+        lines += [f"  ptxas: {remark}" for remark in self.ptxas_remarks]
         return "\n".join(lines)
 
 
@@ -102,6 +104,10 @@ def summarize_sass(sass: str, summary: SassSummary | None = None) -> SassSummary
 
 
 def parse_ptxas(report: str, summary: SassSummary) -> SassSummary:
+    """Registers, stack, spills, and the performance remarks (C7515: ptxas serialized the
+    wgmma pipeline; C7508: setmaxnreg ignored) from ``ptxas -v``."""
+    summary.ptxas_remarks = [m.group(0).strip() for m in
+                             re.finditer(r"\((C75\d\d)\)[^\n]*", report)]
     if m := re.search(r"Used (\d+) registers", report):
         summary.registers = int(m.group(1))
     if m := re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads",

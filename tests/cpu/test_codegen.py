@@ -80,6 +80,19 @@ def test_sass_summary_on_a_golden_snippet():
     assert s.warpgroup_sync == ["ARRIVE", "DEPBAR.LE 1"]
     assert s.setmaxnreg == ["TRY_ALLOC 240", "DEALLOC 24"]
     assert (s.counts["SYNCS"], s.counts["BAR"], s.counts["UTMALDG"]) == (1, 1, 1)
-    report = "ptxas info    : Used 168 registers\n    8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads"
+    report = ("ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async instructions are "
+              "serialized due to non wgmma instructions\nptxas info    : Used 168 registers\n"
+              "    8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads")
     sass.parse_ptxas(report, s)
     assert (s.registers, s.spill_bytes, s.stack_frame) == (168, 8, 8)
+    assert len(s.ptxas_remarks) == 1 and s.ptxas_remarks[0].startswith("(C7515)")
+
+
+def test_repro_bundle_for_every_pin():
+    from ws_lab import repro
+
+    assert repro.names() == ["smem_reuse_without_syncs"]
+    text = repro.bundle("smem_reuse_without_syncs")
+    for section in ("## Versions", "## Minimal kernel", "## Emitted CUDA", "## Expected",
+                    "## Actual", "## Workaround in ws-lab", "tilelang #2416"):
+        assert section in text

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from kernels import pipelined
+from kernels import coop, pipelined
 
 
 def good(batch=1, seq=16, heads=4, kv_heads=2, d=64, dv=64, dtype=torch.float16):
@@ -50,7 +50,14 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("entry", [pipelined.attention, coop.attention], ids=["pipelined", "coop"])
 @pytest.mark.parametrize("qkv,kwargs,exc,message", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_bad_input_is_refused_before_launch(qkv, kwargs, exc, message):
+def test_bad_input_is_refused_before_launch(entry, qkv, kwargs, exc, message):
     with pytest.raises(exc, match=message):
-        pipelined.attention(*qkv, **kwargs)
+        entry(*qkv, **kwargs)
+
+
+def test_coop_refuses_dv_512():
+    q, k, v = good(d=64, dv=512)
+    with pytest.raises(ValueError, match=r"unsupported head dim \(D=64, Dv=512\)"):
+        coop.attention(q, k, v)

@@ -1,0 +1,53 @@
+"""Coop lowers and compiles for every head dim; its SASS and emitted CUDA match the roles,
+register budgets and barriers that kernels/coop.py's docstring states."""
+import re
+import shutil
+
+import pytest
+
+from kernels import coop
+from ws_lab import emit, shapes
+
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+
+
+def shape_for(head_dim, causal=True):
+    return shapes.Shape("codegen", 1, 8, 2, 1000, head_dim, head_dim, causal)
+
+
+@needs_nvcc
+@pytest.mark.parametrize("kernel", ["coop", "coop-nopp"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_coop_compiles_warp_specialized(tmp_path, kernel, head_dim):
+    emitted = emit.lower(kernel, shape_for(head_dim))
+    summary = emit.inspect(emitted, tmp_path)
+    assert any(s.endswith(".RS") for s in summary.hgmma), "PV must take P from registers"
+    assert any(not s.endswith(".RS") for s in summary.hgmma), "QK must be SS"
+    assert sorted(set(summary.setmaxnreg)) == ["DEALLOC 24", "TRY_ALLOC 240"]
+    assert summary.dyn_smem <= 227 * 1024
+    # Two wgmma groups per consumer warpgroup (QK, PV), each retired by its own wait: one
+    # ARRIVE per group means ptxas did not serialize the HGMMAs (remark C7515).
+    assert summary.warpgroup_sync.count("ARRIVE") == 4
+    assert not [r for r in summary.ptxas_remarks if "C7515" in r or "C7508" in r]
+    if head_dim == 128:
+        assert summary.spill_bytes == 0 and summary.stack_frame == 0
+
+
+@pytest.mark.parametrize("pingpong", [True, False])
+def test_roles_and_barriers_match_the_docstring(pingpong):
+    kernel = "coop" if pingpong else "coop-nopp"
+    src = emit.lower(kernel, shape_for(128)).source
+    assert "__launch_bounds__(384, 1)" in src
+    assert "if (256 <= ((int)threadIdx.x))" in src or "((int)threadIdx.x) >= 256" in src
+    assert "((int)threadIdx.x) < 288" in src  # one producer warp issues the TMA loads
+    assert "((int)threadIdx.x) < 128" in src  # consumer WG1 vs WG2
+    assert src.count("warpgroup_reg_dealloc<24>") == 1 and src.count("warpgroup_reg_alloc<240>") == 2
+    stages = coop.CONFIGS[128].num_stages
+    inits = re.findall(r"\b(\w+)\[\d+\]\.init\((\d+)\)", src)
+    assert sorted(n for _, n in inits) == sorted(["32"] * (1 + 2 * stages) + ["256"] * (2 * stages))
+    named = {int(i) for i in re.findall(r"__(?:named_barrier_arrive|sync_thread_partial)\((\d+),", src)}
+    expected = {coop.NamedBarrier.EPILOGUE_WG1, coop.NamedBarrier.EPILOGUE_WG2}
+    if pingpong:
+        expected |= {coop.NamedBarrier.WARP_SCHEDULER_WG1, coop.NamedBarrier.WARP_SCHEDULER_WG2}
+    assert named == {int(b) for b in expected}
+    assert "__syncthreads();" in src and src.count("__syncthreads();") == 1  # barrier init only

@@ -1,0 +1,95 @@
+"""Repro bundles for upstream TileLang issues.
+
+    python -m ws_lab.repro                 # list the pinned behaviours
+    python -m ws_lab.repro NAME [--out F]  # markdown to paste into a TileLang issue
+
+The bundle holds the versions, the GPU (if any), the minimal kernel's source, the emitted CUDA
+excerpt that shows the behaviour, expected vs actual, and the lab's workaround.
+"""
+import argparse
+import importlib
+import inspect
+import pkgutil
+import platform
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from ws_lab import upstream
+
+
+def names() -> list[str]:
+    return sorted(m.name for m in pkgutil.iter_modules(upstream.__path__))
+
+
+def _versions() -> str:
+    import tilelang
+    import torch
+    import triton
+
+    nvcc = shutil.which("nvcc")
+    nvcc_version = (subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+                    .strip().splitlines()[-1] if nvcc else "not found")
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "none (lowered on CPU)"
+    return (f"- tilelang {tilelang.__version__}, torch {torch.__version__}, triton "
+            f"{triton.__version__}, Python {platform.python_version()}\n- nvcc: {nvcc_version}\n"
+            f"- GPU: {gpu}; target sm_90a")
+
+
+def bundle(name: str) -> str:
+    if name not in names():
+        raise ValueError(f"unknown repro {name!r}; known: {', '.join(names())}")
+    mod = importlib.import_module(f"ws_lab.upstream.{name}")
+    ok, actual = mod.check()
+    source = mod.lower()
+    excerpt = "\n".join(line for line in source.splitlines()
+                        if re.search(r"buf_dyn_shmem \+|__syncthreads|wgmma|fence_operand", line))
+    return f"""# TileLang: {mod.TITLE}
+
+{inspect.cleandoc(mod.__doc__)}
+
+Related: {mod.UPSTREAM}
+
+## Versions
+{_versions()}
+
+## Minimal kernel (pass configs: {mod.PASS_CONFIGS})
+```python
+{inspect.getsource(mod.kernel)}```
+
+## Emitted CUDA (excerpt)
+```cuda
+{excerpt}
+```
+
+## Expected
+{mod.EXPECTED}
+
+## Actual
+{actual}{"  (fixed in this version)" if ok else ""}
+
+## Workaround in ws-lab
+{mod.WORKAROUND}
+"""
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m ws_lab.repro", description=__doc__.splitlines()[0])
+    ap.add_argument("name", nargs="?")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args(argv)
+    if not args.name:
+        print("\n".join(names()))
+        return
+    text = bundle(args.name)
+    if args.out:
+        args.out.write_text(text)
+        print(f"wrote {args.out}")
+    else:
+        sys.stdout.write(text)
+
+
+if __name__ == "__main__":
+    main()
