@@ -42,6 +42,7 @@ import tilelang.language as T
 import torch
 from tilelang.layout import make_swizzled_layout
 
+from kernels.softmax import online_softmax
 from ws_lab.check import validate_attention_inputs
 from ws_lab.shapes import Shape
 from ws_lab.target import compile_sm90a
@@ -144,18 +145,8 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
                 if kb == n_kblocks - 1:
                     for i, j in T.Parallel(HALF, bn):
                         acc_s[i, j] = T.if_then_else(kb * bn + j < seq_len, acc_s[i, j], neg_inf)
-            T.copy(row_max, row_max_prev)
-            T.reduce_max(acc_s, row_max, dim=1, clear=False)
-            for i in T.Parallel(HALF):
-                row_rescale[i] = T.exp2(row_max_prev[i] * scale_log2 - row_max[i] * scale_log2)
-            for i, j in T.Parallel(HALF, bn):
-                acc_s[i, j] = T.exp2(acc_s[i, j] * scale_log2 - row_max[i] * scale_log2)
-            T.reduce_sum(acc_s, block_sum, dim=1)
-            for i in T.Parallel(HALF):
-                row_sum[i] = row_sum[i] * row_rescale[i] + block_sum[i]
-            T.copy(acc_s, p)
-            for i, j in T.Parallel(HALF, head_dim_v):
-                acc_o[i, j] *= row_rescale[i]
+            online_softmax(acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum,
+                           row_sum, HALF, bn, head_dim_v, scale_log2)
 
             T.mbarrier_wait_parity(v_full[stage], phase)
             T.wgmma_gemm(p, v_s[stage, :, :], acc_o, clear_accum=False)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import tilelang.language as T
 import torch
 
+from kernels.softmax import online_softmax
 from ws_lab.check import validate_attention_inputs
 from ws_lab.shapes import Shape
 from ws_lab.target import compile_sm90a
@@ -127,19 +128,8 @@ def flash_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dty
                     T.clear(acc_s)
                 T.gemm(q_s, k_s, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
 
-                T.copy(row_max, row_max_prev)
-                T.reduce_max(acc_s, row_max, dim=1, clear=False)
-                for i in T.Parallel(bm):
-                    row_rescale[i] = T.exp2(row_max_prev[i] * scale_log2 - row_max[i] * scale_log2)
-                for i, j in T.Parallel(bm, bn):
-                    acc_s[i, j] = T.exp2(acc_s[i, j] * scale_log2 - row_max[i] * scale_log2)
-                T.reduce_sum(acc_s, block_sum, dim=1)
-                for i in T.Parallel(bm):
-                    row_sum[i] = row_sum[i] * row_rescale[i] + block_sum[i]
-                T.copy(acc_s, p)
-
-                for i, j in T.Parallel(bm, head_dim_v):
-                    acc_o[i, j] *= row_rescale[i]
+                online_softmax(acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum,
+                               row_sum, bm, bn, head_dim_v, scale_log2)
                 T.copy(V[bz, kb * bn:(kb + 1) * bn, by // group, :], v_s)
                 T.gemm(p, v_s, acc_o, policy=T.GemmWarpPolicy.FullRow)
 
