@@ -42,12 +42,11 @@ import tilelang.language as T
 import torch
 from tilelang.layout import make_swizzled_layout
 
-from kernels.softmax import online_softmax
+from kernels.softmax import LOG2E, online_softmax
 from ws_lab.check import validate_attention_inputs
 from ws_lab.shapes import Shape
 from ws_lab.target import compile_sm90a
 
-LOG2E = 1.4426950408889634
 BLOCK_M = 128  # two consumer warpgroups × 64 rows
 HALF = BLOCK_M // 2
 CONSUMER_THREADS = 256

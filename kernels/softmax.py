@@ -5,6 +5,8 @@ Scores are scaled inside exp2 (``scale · log2 e``), so one FFMA per element doe
 """
 import tilelang.language as T
 
+LOG2E = 1.4426950408889634
+
 
 @T.macro
 def online_softmax(acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum,
