@@ -38,12 +38,14 @@ def _require_tensor(name, t):
 
 
 def validate_attention_inputs(q, k, v, *, supported_head_dims, out=None, softmax_scale=None,
-                              dtypes=(torch.float16, torch.bfloat16)) -> AttentionDims:
+                              dtypes=(torch.float16, torch.bfloat16),
+                              contiguous=True) -> AttentionDims:
     """Checks BSHD q/k/v (and out) before any launch; raises TypeError/ValueError naming the problem.
 
     q (B, S, Hq, D), k (B, S, Hkv, D), v (B, S, Hkv, Dv), out (B, S, Hq, Dv): one dtype from
     ``dtypes``, contiguous, on one CUDA device; Hq a multiple of Hkv; (D, Dv) in
-    ``supported_head_dims``; softmax_scale None (1/sqrt(D)) or finite and > 0.
+    ``supported_head_dims``; softmax_scale None (1/sqrt(D)) or finite and > 0. With
+    ``contiguous=False`` (kernels that take strides) only the head dim must have stride 1.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         _require_tensor(name, t)
@@ -72,8 +74,9 @@ def validate_attention_inputs(q, k, v, *, supported_head_dims, out=None, softmax
         raise ValueError(f"unsupported head dim (D={head_dim}, Dv={head_dim_v}); supported (D, Dv): "
                          f"{sorted(supported_head_dims)}")
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous BSHD; got strides {t.stride()} for shape "
+        if not (t.is_contiguous() if contiguous else t.stride(-1) == 1):
+            need = "contiguous BSHD" if contiguous else "stride 1 in the head dim"
+            raise ValueError(f"{name} must be {need}; got strides {t.stride()} for shape "
                              f"{tuple(t.shape)}")
     if out is not None:
         _require_tensor("out", out)

@@ -46,3 +46,29 @@ def rel_l2(out, ref) -> float:
     """‖out − ref‖ / ‖ref‖ in float64; NaN anywhere in out gives NaN (which fails every check)."""
     out64, ref64 = out.to(torch.float64), ref.to(torch.float64)
     return (torch.linalg.vector_norm(out64 - ref64) / torch.linalg.vector_norm(ref64)).item()
+
+
+def paged_attention_ref(q, k_cache, v_cache, block_table, context_lens, softmax_scale=None):
+    """Decode attention over a paged KV cache, in float64.
+
+    q (B, Hq, D); k_cache / v_cache (num_blocks, block_size, Hkv, D); block_table (B, max_blocks)
+    int32; context_lens (B,) int32. Sequence b's token t lives in block block_table[b, t //
+    block_size] at slot t % block_size. Returns (B, Hq, D) float64.
+    """
+    batch, heads, head_dim = q.shape
+    block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
+    if heads % kv_heads:
+        raise ValueError(f"Hq={heads} is not a multiple of Hkv={kv_heads}")
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
+    group = heads // kv_heads
+    out = torch.empty(batch, heads, v_cache.shape[3], dtype=torch.float64, device=q.device)
+    for b in range(batch):
+        n = int(context_lens[b])
+        tokens = torch.arange(n, device=q.device)
+        blocks = block_table[b, tokens // block_size].long()
+        slots = tokens % block_size
+        k = k_cache[blocks, slots].to(torch.float64).repeat_interleave(group, dim=1)  # n Hq D
+        v = v_cache[blocks, slots].to(torch.float64).repeat_interleave(group, dim=1)
+        scores = torch.einsum("hd,nhd->hn", q[b].to(torch.float64), k) * scale
+        out[b] = torch.einsum("hn,nhd->hd", torch.softmax(scores, dim=-1), v)
+    return out

@@ -49,6 +49,7 @@ def _register(name: str, module: str, **options) -> None:
 _register("pipelined", "kernels.pipelined")
 _register("coop", "kernels.coop", pingpong=True)
 _register("coop-nopp", "kernels.coop", pingpong=False)
+_register("triton-mha", "kernels.triton_mha")
 
 
 def get(name: str) -> Kernel:

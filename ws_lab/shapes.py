@@ -58,6 +58,12 @@ SHAPES: dict[str, Shape] = {s.name: s for s in [
 ]}
 
 
+def register(shape: Shape) -> Shape:
+    """Adds a bench script's own shape (e.g. bench/mha.py's LLaMA-7B sweep) to the registry."""
+    SHAPES.setdefault(shape.name, shape)
+    return shape
+
+
 def get(name: str) -> Shape:
     try:
         return SHAPES[name]

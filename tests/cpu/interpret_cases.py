@@ -1,0 +1,39 @@
+"""Runs the Triton kernels under TRITON_INTERPRET=1 on small cases; prints {case: [err, tol]}
+as JSON. Run in a subprocess by test_triton_interpret.py (the variable must be set before
+Triton is imported, and must not leak into GPU tests of the same session)."""
+import functools
+import json
+import os
+
+# (batch, Hq, Hkv, D, block_size, context lens): groups 1/4/8/32, D 80/96, lens 1/17/513
+PAGED = [(3, 4, 1, 64, 16, [1, 17, 513]), (2, 8, 1, 80, 8, [17, 1]), (1, 32, 1, 128, 32, [513]),
+         (2, 2, 2, 96, 64, [100, 3])]
+MHA = [(s, causal) for s in (40, 97) for causal in (False, True)]
+
+
+def main():
+    assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
+    import torch
+
+    from kernels import paged, triton_mha
+    from ws_lab import oracle
+    from ws_lab.paged_cases import check_paged
+
+    results = {}
+    for dtype in (torch.float32, torch.float16):
+        for b, hq, hkv, d, bs, lens in PAGED:
+            for mode in paged.MODES + ("auto",):
+                fn = functools.partial(paged.paged_attention, mode=mode)
+                err, tol, seed = check_paged(fn, b, hq, hkv, d, bs, lens, dtype, "cpu")
+                results[f"paged-{mode}-{dtype}-B{b}-{hq}/{hkv}-D{d}-bs{bs}-ctx{lens}"] = [err, tol]
+        for seq, causal in MHA:
+            q, k, v = (torch.randn(2, seq, h, 64).to(dtype) for h in (4, 2, 2))
+            out = triton_mha._launch(q, k, v, torch.full_like(q, float("nan")), causal, 0.125)
+            ref, _ = oracle.attention_ref(q, k, v, causal=causal, softmax_scale=0.125)
+            tol = 1e-5 if dtype == torch.float32 else 2e-3
+            results[f"mha-{dtype}-S{seq}-{'causal' if causal else 'full'}"] = [oracle.rel_l2(out, ref), tol]
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

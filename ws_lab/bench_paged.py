@@ -1,0 +1,160 @@
+"""The runner's decode path: paged decode attention rows, measured in one process.
+
+Each row times every mode of ``kernels.paged``, torch SDPA on the same K/V made contiguous
+(``enable_gqa=True``, the copy not timed), TileOPs' ``GQAPagedFwdOp`` and the HBM floor (bytes
+that must move / device-to-device copy bandwidth measured in the same process). Correctness of
+each mode is checked against the float64 oracle on the row's own inputs first.
+"""
+from dataclasses import dataclass, field
+
+import torch
+
+from ws_lab import oracle
+from ws_lab.paged_cases import make_paged
+
+
+@dataclass(frozen=True)
+class PagedRow:
+    name: str
+    batch: int
+    heads: int
+    kv_heads: int
+    context: int
+    head_dim: int = 128
+    block_size: int = 16
+    dtype: str = "float16"
+
+    def kv_bytes(self) -> int:
+        elem = torch.finfo(getattr(torch, self.dtype)).bits // 8
+        return 2 * self.batch * self.context * self.kv_heads * self.head_dim * elem
+
+
+@dataclass
+class PagedResult:
+    row: PagedRow
+    us: dict = field(default_factory=dict)  # impl -> µs (None: failed)
+    errors: dict = field(default_factory=dict)  # mode -> rel-L2 vs oracle
+    notes: dict = field(default_factory=dict)
+    copy_gbps: float = 0.0
+
+
+def copy_bandwidth_gbps() -> float:
+    """Device-to-device copy of 1 GiB, bytes read + written over the median time."""
+    import triton.testing
+
+    src = torch.empty(1 << 29, dtype=torch.float16, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=50, rep=300, return_mode="median")
+    return 2 * src.numel() * 2 / (ms * 1e-3) / 1e9
+
+
+def _time_us(fn) -> float:
+    import triton.testing
+
+    return 1e3 * triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def measure_row(row: PagedRow, modes, copy_gbps, with_peers=True) -> PagedResult:
+    from kernels import paged
+
+    res = PagedResult(row, copy_gbps=copy_gbps)
+    dtype = getattr(torch, row.dtype)
+    (q, kc, vc, table, lens), _ = make_paged(row.batch, row.heads, row.kv_heads, row.head_dim,
+                                             row.block_size, [row.context] * row.batch, dtype,
+                                             "cuda")
+    ref = oracle.paged_attention_ref(q, kc, vc, table, lens)
+    for mode in modes:
+        out = torch.full_like(q, float("nan"))
+        paged.paged_attention(q, kc, vc, table, lens, mode=mode, out=out)
+        res.errors[mode] = oracle.rel_l2(out, ref)
+        res.us[mode] = _time_us(lambda: paged.paged_attention(q, kc, vc, table, lens, mode=mode,
+                                                              out=out))
+    res.notes["auto"] = paged.choose_mode(row.batch, row.heads, row.kv_heads,
+                                          table.shape[1] * row.block_size, paged._sm_count(q.device))
+    if with_peers:
+        _measure_peers(res, q, kc, vc, table, lens)
+    res.us["floor"] = row.kv_bytes() / (copy_gbps * 1e9) * 1e6
+    del kc, vc
+    torch.cuda.empty_cache()
+    return res
+
+
+def _measure_peers(res, q, kc, vc, table, lens):
+    import torch.nn.functional as F
+
+    row = res.row
+    n_blocks = -(-row.context // row.block_size)
+    k = kc[table[:, :n_blocks].long()].flatten(1, 2)[:, :row.context].transpose(1, 2).contiguous()
+    v = vc[table[:, :n_blocks].long()].flatten(1, 2)[:, :row.context].transpose(1, 2).contiguous()
+    q4 = q[:, :, None, :]
+    try:
+        res.us["sdpa"] = _time_us(lambda: F.scaled_dot_product_attention(
+            q4, k, v, enable_gqa=row.heads != row.kv_heads))
+    except RuntimeError as exc:
+        res.notes["sdpa"] = str(exc).splitlines()[0][:80]
+    del k, v
+    try:
+        from tileops.attention import GQAPagedFwdOp
+
+        op = GQAPagedFwdOp()
+        cu = torch.arange(row.batch + 1, dtype=torch.int32, device=q.device)
+        op(q, kc, vc, table, lens, cu)
+        res.us["tileops"] = _time_us(lambda: op(q, kc, vc, table, lens, cu))
+    except Exception as exc:  # absent or refusing: n/a
+        res.notes["tileops"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:80] if str(exc) else ''}"
+
+
+def table(results, modes) -> str:
+    cols = list(modes) + ["sdpa", "tileops", "floor"]
+    head = (["row", "B", "Hq/Hkv", "ctx", "KV MB"] + [f"{c} µs" for c in cols]
+            + ["auto picks", "auto GB/s", "auto % copy", "auto ×SDPA", "max rel-err"])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in results:
+        auto = r.us.get("auto")
+        gbps = r.row.kv_bytes() / (auto * 1e-6) / 1e9 if auto else None
+        sdpa = r.us.get("sdpa")
+        cells = [r.row.name, str(r.row.batch), f"{r.row.heads}/{r.row.kv_heads}", str(r.row.context),
+                 f"{r.row.kv_bytes() / 1e6:.0f}"]
+        cells += ["n/a" if r.us.get(c) is None else f"{r.us[c]:.1f}" for c in cols]
+        cells += [r.notes.get("auto", ""), "n/a" if gbps is None else f"{gbps:.0f}",
+                  "n/a" if gbps is None else f"{100 * gbps / r.copy_gbps:.0f}",
+                  "n/a" if not (auto and sdpa) else f"{sdpa / auto:.2f}",
+                  f"{max(r.errors.values()):.1e}" if r.errors else "n/a"]
+        lines.append("| " + " | ".join(cells) + " |")
+    notes = [f"- {r.row.name}: {k}: {v}" for r in results for k, v in r.notes.items() if k != "auto"]
+    return "\n".join(lines + ([""] + notes if notes else []))
+
+
+def within(results, tolerance=0.05) -> tuple[int, int]:
+    """How many rows have auto within ``tolerance`` of the best single mode."""
+    from kernels import paged
+
+    hits = 0
+    for r in results:
+        best = min(r.us[m] for m in paged.MODES)
+        hits += r.us["auto"] <= (1 + tolerance) * best
+    return hits, len(results)
+
+
+def sweep_rows() -> list[PagedRow]:
+    """B × heads × context, 60 shapes minus those over 8 GB of KV."""
+    rows = [PagedRow("sweep", batch, heads, kv_heads, context)
+            for batch in (1, 4, 8, 16, 64)
+            for heads, kv_heads in ((32, 32), (32, 8), (64, 8), (32, 1))
+            for context in (512, 4096, 16384)]
+    return [r for r in rows if r.kv_bytes() <= 8e9]
+
+
+def rule_table(results) -> str:
+    """Per sweep row: the features the auto rule may use and each mode's time."""
+    from kernels import paged
+
+    lines = ["| B | Hq/Hkv | ctx | B·Hkv | v1 µs | gqa µs | split_k µs | best | auto |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        best = min(paged.MODES, key=lambda m: r.us[m])
+        lines.append(f"| {r.row.batch} | {r.row.heads}/{r.row.kv_heads} | {r.row.context} | "
+                     f"{r.row.batch * r.row.kv_heads} | " + " | ".join(f"{r.us[m]:.1f}" for m in paged.MODES)
+                     + f" | {best} | {r.notes['auto']} |")
+    return "\n".join(lines)
+

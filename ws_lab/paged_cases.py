@@ -1,0 +1,43 @@
+"""Random paged-KV problems (blocks scattered through the pool) and their check, shared by the
+interpreter tests, the GPU tests and bench/paged.py."""
+import secrets
+
+import torch
+
+from ws_lab import oracle
+
+# rel-L2 vs the float64 oracle per dtype (bf16 also meets vLLM's atol 1.5e-2 / rtol 1e-2).
+PAGED_TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.2e-2}
+
+
+def make_paged(batch, heads, kv_heads, head_dim, block_size, context_lens, dtype, device,
+               num_blocks=None, seed=None):
+    """q, k_cache, v_cache, block_table, context_lens with each sequence's blocks drawn at random
+    (without repeats) from a pool of ``num_blocks``; returns them and the seed."""
+    seed = secrets.randbits(31) if seed is None else seed
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    max_blocks = max(-(-c // block_size) for c in context_lens)
+    num_blocks = num_blocks or batch * max_blocks + 7
+    if num_blocks < max_blocks:
+        raise ValueError(f"pool of {num_blocks} blocks cannot hold {max_blocks} per sequence")
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen).to(dtype).to(device)
+
+    k_cache = randn(num_blocks, block_size, kv_heads, head_dim)
+    v_cache = randn(num_blocks, block_size, kv_heads, head_dim)
+    table = torch.stack([torch.randperm(num_blocks, generator=gen)[:max_blocks]
+                         for _ in range(batch)]).to(torch.int32).to(device)
+    lens = torch.tensor(context_lens, dtype=torch.int32, device=device)
+    q = randn(batch, heads, head_dim)
+    return (q, k_cache, v_cache, table, lens), seed
+
+
+def check_paged(fn, *problem_args, **problem_kwargs) -> tuple[float, float, int]:
+    """(rel_err, tolerance, seed) of ``fn(q, k_cache, v_cache, block_table, context_lens, out=)``
+    on a fresh problem, writing into a NaN-poisoned output."""
+    (q, kc, vc, table, lens), seed = make_paged(*problem_args, **problem_kwargs)
+    out = torch.full_like(q, float("nan"))
+    fn(q, kc, vc, table, lens, out=out)
+    ref = oracle.paged_attention_ref(q, kc, vc, table, lens)
+    return oracle.rel_l2(out, ref), PAGED_TOLERANCE[q.dtype], seed
