@@ -18,11 +18,34 @@ ROWS = [bp.PagedRow("llama7b-2k", 8, 32, 32, 2048), bp.PagedRow("llama7b-8k", 8,
 MODES = ("v1", "gqa", "split_k", "auto")
 
 
+TUNE_ROWS = [ROWS[2], ROWS[5], ROWS[6]]  # llama3-8b B8, llama70b B8, mqa: auto furthest from SDPA
+
+
+def tune(copy_gbps):
+    """Times gqa and split_k over launch configs on TUNE_ROWS (each config checked first)."""
+    import itertools
+
+    from kernels import paged
+
+    grid = [paged.LaunchConfig(t, w, s, waves) for t, w, s, waves in
+            itertools.product((64, 128), (4, 8), (2, 3), (2, 4))]
+    for row in TUNE_ROWS:
+        results = []
+        for mode, cfg in itertools.product(("gqa", "split_k"), grid):
+            if mode == "gqa" and cfg.waves != 2:
+                continue
+            r = bp.measure_row(row, [mode], copy_gbps, with_peers=False, config=cfg)
+            results.append((r.us[mode], mode, cfg, r.errors[mode]))
+        for us, mode, cfg, err in sorted(results, key=lambda t: t[0])[:6]:
+            print(f"{row.name} B{row.batch}: {mode} {cfg}: {us:.1f} µs (rel-err {err:.1e})")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--block-size", type=int, nargs="+", default=[16])
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--tune", action="store_true", help="sweep launch configs on three rows")
     args = ap.parse_args()
     import torch
 
@@ -32,6 +55,8 @@ def main():
         return
     copy = bp.copy_bandwidth_gbps()
     print(f"{torch.cuda.get_device_name()}: device copy {copy:.0f} GB/s (read + write)\n")
+    if args.tune:
+        return tune(copy)
     rows = bp.sweep_rows() if args.sweep else [
         bp.PagedRow(r.name, r.batch, r.heads, r.kv_heads, r.context, block_size=bs)
         for r in ROWS for bs in args.block_size]

@@ -14,10 +14,11 @@ CUDA-graph capturable):
   auto     picks one of the three from the shape (``choose_mode``; rule from NOTES.md's sweep).
 
 Tokens are gathered per row through the block table (row t: block ``block_table[b, t //
-block_size]``, slot ``t % block_size``), so any block size 8–128 uses the same ``TILE_N``-token
+block_size]``, slot ``t % block_size``), so any block size 8–128 uses the same ``LaunchConfig.tile_n``-token
 tiles. fp32 inputs use ``input_precision="ieee"``: TF32 would cost ~4e-4 of accuracy.
 """
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -27,7 +28,16 @@ MODES = ("v1", "gqa", "split_k")
 HEAD_DIMS = (64, 80, 96, 128, 256)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 LOG2E = 1.4426950408889634
-TILE_N = 32  # tokens per tile
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    tile_n: int = 32  # tokens per tile
+    num_warps: int = 4
+    num_stages: int = 2
+    waves: int = 2  # split_k: aim for this many waves of (B, Hkv, segment) programs
+
+
+DEFAULT = LaunchConfig()
 MIN_DOT_ROWS = 16  # tl.dot needs M >= 16
 
 
@@ -204,21 +214,21 @@ def _sm_count(device) -> int:
     return 132  # the interpreter: plan for an H100
 
 
-def segments_for(batch, kv_heads, max_tokens, sm_count) -> int:
-    """Enough (B, Hkv, segment) programs for two waves, each segment at least one tile."""
-    wanted = math.ceil(2 * sm_count / (batch * kv_heads))
-    return max(1, min(wanted, math.ceil(max_tokens / TILE_N)))
+def segments_for(batch, kv_heads, max_tokens, sm_count, cfg: LaunchConfig = DEFAULT) -> int:
+    """Enough (B, Hkv, segment) programs for ``cfg.waves`` waves, each segment at least a tile."""
+    wanted = math.ceil(cfg.waves * sm_count / (batch * kv_heads))
+    return max(1, min(wanted, math.ceil(max_tokens / cfg.tile_n)))
 
 
 def choose_mode(batch, heads, kv_heads, max_tokens, sm_count) -> str:
     """The ``auto`` rule (derived from the sweep in NOTES.md, "paged decode: auto rule")."""
     if batch * kv_heads >= sm_count:
-        return "gqa" if heads > kv_heads else "v1"
+        return "gqa"
     return "split_k"
 
 
 def paged_attention(q, k_cache, v_cache, block_table, context_lens, *, mode="auto",
-                    softmax_scale=None, out=None):
+                    softmax_scale=None, out=None, config: LaunchConfig = DEFAULT):
     """Decode attention: q (B, Hq, D) against the paged cache -> (B, Hq, D) in q's dtype."""
     _validate(q, k_cache, v_cache, block_table, context_lens, mode, softmax_scale)
     batch, heads, head_dim = q.shape
@@ -238,18 +248,20 @@ def paged_attention(q, k_cache, v_cache, block_table, context_lens, *, mode="aut
     if mode == "v1":
         _decode_v1_kernel[(batch, heads)](q, k_cache, v_cache, block_table, context_lens, out,
                                           scale * LOG2E, *common, GROUP=group, D=head_dim,
-                                          D_PAD=d_pad, BLOCK_SIZE=block_size, TILE=TILE_N)
+                                          D_PAD=d_pad, BLOCK_SIZE=block_size, TILE=config.tile_n,
+                                          num_warps=config.num_warps, num_stages=config.num_stages)
         return out
     g_pad = max(MIN_DOT_ROWS, triton.next_power_of_2(group))
     meta = dict(GROUP=group, G_PAD=g_pad, D=head_dim, D_PAD=d_pad, BLOCK_SIZE=block_size,
-                TILE=TILE_N, IEEE=q.dtype == torch.float32)
+                TILE=config.tile_n, IEEE=q.dtype == torch.float32, num_warps=config.num_warps,
+                num_stages=config.num_stages)
     if mode == "gqa":
         _decode_gqa_kernel[(batch, kv_heads, 1)](
             q, k_cache, v_cache, block_table, context_lens, out, out, out, out, scale * LOG2E,
             max_tokens, *common, SPLIT=False, **meta)
         return out
-    n_seg = segments_for(batch, kv_heads, max_tokens, sm_count)
-    segment_tokens = math.ceil(max_tokens / n_seg / TILE_N) * TILE_N
+    n_seg = segments_for(batch, kv_heads, max_tokens, sm_count, config)
+    segment_tokens = math.ceil(max_tokens / n_seg / config.tile_n) * config.tile_n
     n_seg = math.ceil(max_tokens / segment_tokens)
     m_scratch = torch.empty(batch, heads, n_seg, dtype=torch.float32, device=q.device)
     l_scratch = torch.empty_like(m_scratch)

@@ -54,8 +54,10 @@ def _time_us(fn) -> float:
     return 1e3 * triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
-def measure_row(row: PagedRow, modes, copy_gbps, with_peers=True) -> PagedResult:
+def measure_row(row: PagedRow, modes, copy_gbps, with_peers=True, config=None) -> PagedResult:
     from kernels import paged
+
+    launch = {} if config is None else {"config": config}
 
     res = PagedResult(row, copy_gbps=copy_gbps)
     dtype = getattr(torch, row.dtype)
@@ -65,10 +67,10 @@ def measure_row(row: PagedRow, modes, copy_gbps, with_peers=True) -> PagedResult
     ref = oracle.paged_attention_ref(q, kc, vc, table, lens)
     for mode in modes:
         out = torch.full_like(q, float("nan"))
-        paged.paged_attention(q, kc, vc, table, lens, mode=mode, out=out)
+        paged.paged_attention(q, kc, vc, table, lens, mode=mode, out=out, **launch)
         res.errors[mode] = oracle.rel_l2(out, ref)
         res.us[mode] = _time_us(lambda: paged.paged_attention(q, kc, vc, table, lens, mode=mode,
-                                                              out=out))
+                                                              out=out, **launch))
     res.notes["auto"] = paged.choose_mode(row.batch, row.heads, row.kv_heads,
                                           table.shape[1] * row.block_size, paged._sm_count(q.device))
     if with_peers:
