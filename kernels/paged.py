@@ -31,13 +31,17 @@ LOG2E = 1.4426950408889634
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    tile_n: int = 32  # tokens per tile
-    num_warps: int = 4
-    num_stages: int = 2
-    waves: int = 2  # split_k: aim for this many waves of (B, Hkv, segment) programs
+    tile_n: int  # tokens per tile
+    num_warps: int
+    num_stages: int
+    waves: int  # split_k: aim for this many waves of (B, Hkv, segment) programs
 
 
-DEFAULT = LaunchConfig()
+# From `python bench/paged.py --tune` on the H100 (NOTES.md, 2026-11-22): the only config in the
+# top six of two of the three tuned rows (llama3-8b B8 37.2 µs, llama70b B8 39.0 µs; MQA B16 not
+# in its top six, > 34.1 µs). The first default (tile 32, 4 warps, 2 stages, 2 waves) measured
+# 70.8 / 113.3 / 118.7 µs there.
+DEFAULT = LaunchConfig(tile_n=128, num_warps=8, num_stages=2, waves=4)
 MIN_DOT_ROWS = 16  # tl.dot needs M >= 16
 
 
