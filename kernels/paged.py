@@ -42,6 +42,12 @@ class LaunchConfig:
 # in its top six, > 34.1 µs). The first default (tile 32, 4 warps, 2 stages, 2 waves) measured
 # 70.8 / 113.3 / 118.7 µs there.
 DEFAULT = LaunchConfig(tile_n=128, num_warps=8, num_stages=2, waves=4)
+TILE_BYTES = 32 * 1024  # one K (or V) tile; keeps num_stages × (K + V) tiles within shared memory
+
+
+def tile_for(config: LaunchConfig, head_dim_pad: int, elem_bytes: int) -> int:
+    """config.tile_n, capped so a tile of head_dim_pad-wide rows stays within TILE_BYTES."""
+    return max(MIN_DOT_ROWS, min(config.tile_n, TILE_BYTES // (head_dim_pad * elem_bytes)))
 MIN_DOT_ROWS = 16  # tl.dot needs M >= 16
 
 
@@ -246,18 +252,19 @@ def paged_attention(q, k_cache, v_cache, block_table, context_lens, *, mode="aut
     if out is None:
         out = torch.empty_like(q)
     d_pad = triton.next_power_of_2(head_dim)
+    tile = tile_for(config, d_pad, q.element_size())
     common = (q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
               v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_table.stride(0),
               out.stride(0), out.stride(1))
     if mode == "v1":
         _decode_v1_kernel[(batch, heads)](q, k_cache, v_cache, block_table, context_lens, out,
                                           scale * LOG2E, *common, GROUP=group, D=head_dim,
-                                          D_PAD=d_pad, BLOCK_SIZE=block_size, TILE=config.tile_n,
+                                          D_PAD=d_pad, BLOCK_SIZE=block_size, TILE=tile,
                                           num_warps=config.num_warps, num_stages=config.num_stages)
         return out
     g_pad = max(MIN_DOT_ROWS, triton.next_power_of_2(group))
     meta = dict(GROUP=group, G_PAD=g_pad, D=head_dim, D_PAD=d_pad, BLOCK_SIZE=block_size,
-                TILE=config.tile_n, IEEE=q.dtype == torch.float32, num_warps=config.num_warps,
+                TILE=tile, IEEE=q.dtype == torch.float32, num_warps=config.num_warps,
                 num_stages=config.num_stages)
     if mode == "gqa":
         _decode_gqa_kernel[(batch, kv_heads, 1)](
@@ -265,7 +272,7 @@ def paged_attention(q, k_cache, v_cache, block_table, context_lens, *, mode="aut
             max_tokens, *common, SPLIT=False, **meta)
         return out
     n_seg = segments_for(batch, kv_heads, max_tokens, sm_count, config)
-    segment_tokens = math.ceil(max_tokens / n_seg / config.tile_n) * config.tile_n
+    segment_tokens = math.ceil(max_tokens / n_seg / tile) * tile
     n_seg = math.ceil(max_tokens / segment_tokens)
     m_scratch = torch.empty(batch, heads, n_seg, dtype=torch.float32, device=q.device)
     l_scratch = torch.empty_like(m_scratch)

@@ -87,3 +87,15 @@ def test_llama_block_compiles_without_graph_break():
     assert len(graphs) == 1
     targets = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
     assert any("triton_mha" in t for t in targets), targets
+
+
+def test_launch_plan_depends_on_shapes_only():
+    from kernels import paged
+
+    assert paged.tile_for(paged.DEFAULT, 128, 2) == 128
+    assert paged.tile_for(paged.DEFAULT, 256, 2) == 64  # 32 KB tiles: D 256 halves the tile
+    assert paged.tile_for(paged.DEFAULT, 256, 4) == 32
+    assert paged.segments_for(8, 8, 2048, 132) == 9  # ceil(4 waves · 132 SMs / 64 programs)
+    assert paged.segments_for(1, 1, 64, 132) == 1  # never more segments than tiles
+    assert paged.choose_mode(64, 32, 32, 2048, 132) == "gqa"
+    assert paged.choose_mode(16, 32, 1, 4096, 132) == "split_k"
