@@ -91,8 +91,10 @@ def test_sass_summary_on_a_golden_snippet():
 def test_repro_bundle_for_every_pin():
     from ws_lab import repro
 
-    assert repro.names() == ["smem_reuse_without_syncs"]
-    text = repro.bundle("smem_reuse_without_syncs")
-    for section in ("## Versions", "## Minimal kernel", "## Emitted CUDA", "## Expected",
-                    "## Actual", "## Workaround in ws-lab", "tilelang #2416"):
-        assert section in text
+    assert repro.names() == ["fence_operand_num_regs", "smem_reuse_without_syncs",
+                             "wgmma_fence_before_wait"]
+    for name in repro.names():
+        text = repro.bundle(name)
+        for section in ("## Versions", "## Minimal kernel", "## Emitted CUDA", "## Expected",
+                        "## Actual", "## Workaround in ws-lab", "Related: "):
+            assert section in text, (name, section)

@@ -5,3 +5,15 @@ bundle), ``check() -> (ok, actual)`` (ok once TileLang behaves as expected), ``E
 ``WORKAROUND``, ``TITLE`` and ``UPSTREAM``. ``tests/upstream`` asserts ``check()`` under strict xfail;
 ``python -m ws_lab.repro NAME`` writes the bundle to paste into a TileLang issue.
 """
+
+
+def lower_sm90a(prim_func, pass_configs) -> str:
+    """The CUDA TileLang emits for ``prim_func`` on sm_90a (no GPU needed)."""
+    import tilelang
+    import tvm
+
+    from ws_lab.target import SM90A
+
+    target = tvm.target.Target(SM90A)
+    with tilelang.transform.PassContext(config=pass_configs), target:
+        return tilelang.lower(prim_func, target=target).kernel_source

@@ -12,6 +12,8 @@ guarantees it, so it keeps reuse off.) Upstream: tilelang #2416.
 import tilelang
 import tilelang.language as T
 
+from ws_lab.upstream import lower_sm90a
+
 PASS_CONFIGS = {tilelang.PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True}
 EXPECTED = ("o_s and k_s get disjoint shared memory: with automatic syncs off, TileLang cannot "
             "know that the two warpgroups' lifetimes of k_s and o_s are ordered")
@@ -47,14 +49,11 @@ def kernel():
 
 
 def lower():
-    import tvm
-
-    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
-    with tilelang.transform.PassContext(config=PASS_CONFIGS), target:
-        return tilelang.lower(kernel(), target=target).kernel_source
+    return lower_sm90a(kernel(), PASS_CONFIGS)
 
 
 def offsets(source: str) -> dict:
+    """Byte offset of each buffer in the dynamic shared memory, as the emitted CUDA states it."""
     import re
 
     return {m.group(1): int(m.group(2)) for m in

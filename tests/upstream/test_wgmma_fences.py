@@ -1,0 +1,17 @@
+"""Two TileLang 0.1.15 behaviours around wgmma accumulator fences (bundles: python -m
+ws_lab.repro NAME). Each passes — and so fails as strict xfail — once TileLang fixes it."""
+import pytest
+
+from ws_lab.upstream import fence_operand_num_regs, wgmma_fence_before_wait
+
+
+@pytest.mark.xfail(strict=True, reason="fence_operand without num_regs fences 4096 registers")
+def test_fence_operand_defaults_to_registers_per_thread():
+    ok, actual = fence_operand_num_regs.check()
+    assert ok, actual
+
+
+@pytest.mark.xfail(strict=True, reason="wgmma_gemm fences the accumulator before the wait only")
+def test_accumulator_is_fenced_after_wait_wgmma():
+    ok, actual = wgmma_fence_before_wait.check()
+    assert ok, actual
