@@ -1,24 +1,53 @@
-"""CUDA-source post-processor for TileLang's emitted code (fence/wait ordering).
+"""CUDA-source post-processor for TileLang's emitted code (wgmma fence/wait ordering).
 
-``postprocess(code)`` returns the rewritten source and a report of every rewrite. No pass is
-registered yet: the wgmma fence/wait pass arrives with the IntraWGOverlap kernel, and until then
-the post-processed source is the emitted source and the report is empty.
+``postprocess(code)`` runs every pass and returns the rewritten source with a report of each
+rewrite; ``active()`` installs it as TileLang's CUDA post-processing hook for a ``with`` block
+(TileLang's kernel cache is off meanwhile: its key ignores the hook) and restores whatever hook
+was there before. Passes: ``fences.fence_after_wait``.
 """
-from __future__ import annotations
+import contextlib
 
-from dataclasses import dataclass
+from postproc.fences import fence_after_wait
+from postproc.report import PostprocError, Rewrite
 
+PASSES = (fence_after_wait,)
+HOOK = "tilelang_callback_cuda_postproc"
 
-@dataclass(frozen=True)
-class Rewrite:
-    kernel: str
-    line: int
-    before: str
-    after: str
-
-    def __str__(self):
-        return f"{self.kernel}:{self.line}: {self.before.strip()}  ->  {self.after.strip()}"
+__all__ = ["PASSES", "PostprocError", "Rewrite", "active", "postprocess"]
 
 
 def postprocess(code: str) -> tuple[str, list[Rewrite]]:
-    return code, []
+    report: list[Rewrite] = []
+    for rewrite in PASSES:
+        code, done = rewrite(code)
+        report += done
+    return code, report
+
+
+@contextlib.contextmanager
+def active(on_report=None):
+    """TileLang compiles with the post-processor inside the block; ``on_report(rewrites)`` sees
+    each kernel's report."""
+    import tilelang
+    import tvm_ffi
+
+    previous = tvm_ffi.get_global_func(HOOK, allow_missing=True)
+    cache_was_on = tilelang.is_cache_enabled()
+
+    def hook(code, target):
+        code, report = postprocess(code)
+        if on_report:
+            on_report(report)
+        return code
+
+    tilelang.register_cuda_postproc(hook)
+    tilelang.disable_cache()
+    try:
+        yield
+    finally:
+        if previous is not None:
+            tilelang.register_cuda_postproc(previous)
+        else:
+            tvm_ffi.remove_global_func(HOOK)
+        if cache_was_on:
+            tilelang.enable_cache()
