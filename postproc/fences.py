@@ -23,6 +23,7 @@ _MMA = re.compile(r"\btl::wgmma_(ss|rs)<")
 _COMMIT = re.compile(r"\btl::warpgroup_commit_batch\(\);")
 _WAIT = re.compile(r"\btl::(?:wait_wgmma|warpgroup_wait)<(\d+)>\(\);")
 _FENCE = re.compile(r"tl::warpgroup_fence_operand\(reinterpret_cast<(?:const )?\w+\*>\((\w+) \+ 0\), \d+\);")
+_OPERAND = re.compile(r"\((\w+) \+ ")  # buffers a wgmma call reads or accumulates into
 _KERNEL = re.compile(r"__global__ void (?:__launch_bounds__\([^)]*\) )?(\w+)\(")
 
 
@@ -48,11 +49,16 @@ def fence_after_wait(code: str) -> tuple[str, list[Rewrite]]:
         if m := _KERNEL.search(line):
             kernel = m.group(1)
         if _ARRIVE.search(line):
-            group = {"fences": fence_run(i - 1, -1), "mma": None, "line": i + 1}
+            group = {"around": fence_run(i - 1, -1), "operands": set(), "mma": None,
+                     "line": i + 1}
         elif group is not None and _MMA.search(line):
             group["mma"] = _MMA.search(line).group(1)
+            group["operands"] |= set(_OPERAND.findall(line))
         elif group is not None and _COMMIT.search(line):
-            group["fences"] += fence_run(i + 1, 1)
+            # Fences around a group may belong to its neighbour: keep those naming its operands.
+            group["fences"] = list(dict.fromkeys(
+                f for f in group["around"] + fence_run(i + 1, 1)
+                if _FENCE.search(f).group(1) in group["operands"]))
             if group["mma"] is None or not group["fences"]:
                 raise PostprocError(f"{kernel}: wgmma group at line {group['line']} has "
                                     f"{'no wgmma' if group['mma'] is None else 'no operand fences'}; "

@@ -9,7 +9,7 @@ class PostprocError(ValueError):
 @dataclass(frozen=True)
 class Rewrite:
     kernel: str
-    line: int  # in the rewritten source, 1-based
+    line: int  # of the rewritten statement (the wait) in the rewritten source, 1-based
     before: str
     after: str
 

@@ -31,7 +31,9 @@ class Emitted:
     threads: int
 
 
-def lower(kernel_name: str, shape: shapes.Shape) -> Emitted:
+def lower(kernel_name: str, shape: shapes.Shape, run_postproc: bool | None = None) -> Emitted:
+    """Emitted CUDA of a lab kernel; ``run_postproc`` (default: whether the kernel compiles with
+    the post-processor, ``Kernel.postprocessed``) applies ``postproc`` to it."""
     import tilelang
     import tvm
 
@@ -46,7 +48,8 @@ def lower(kernel_name: str, shape: shapes.Shape) -> Emitted:
     extent = attrs["thread_extent"]
     threads = int(extent["threadIdx.x"]) * int(extent["threadIdx.y"]) * int(extent["threadIdx.z"])
     smem = int(attrs["dyn_shared_memory_buf"]) if "dyn_shared_memory_buf" in attrs else 0
-    post, rewrites = postprocess(art.kernel_source)
+    use_pass = kernel.postprocessed if run_postproc is None else run_postproc
+    post, rewrites = postprocess(art.kernel_source) if use_pass else (art.kernel_source, [])
     return Emitted(kernel_name, shape, art.kernel_source, post, rewrites, smem, threads)
 
 
@@ -85,16 +88,20 @@ def inspect(emitted: Emitted, out_dir: Path) -> sass.SassSummary:
     return summary
 
 
-def report(kernel_name: str, shape: shapes.Shape, out_dir: Path | None = None) -> str:
+def report(kernel_name: str, shape: shapes.Shape, out_dir: Path | None = None,
+           run_postproc: bool | None = None) -> str:
     """Lowers, compiles and summarizes one kernel on one shape; returns the printable report."""
-    emitted = lower(kernel_name, shape)
+    emitted = lower(kernel_name, shape, run_postproc)
     with tempfile.TemporaryDirectory() as tmp:
         summary = inspect(emitted, Path(out_dir or tmp))
     head = (f"{kernel_name} on {shape.name} ({'causal' if shape.causal else 'non-causal'}, "
             f"{shape.dtype}): {emitted.threads} threads, {len(emitted.source.splitlines())} lines "
             f"of CUDA, {len(emitted.rewrites)} post-processor rewrites")
     rewrites = [f"  rewrite {r}" for r in emitted.rewrites]
-    return "\n".join([head, *rewrites, summary.format()])
+    diff = "".join(difflib.unified_diff(emitted.source.splitlines(True),
+                                        emitted.postprocessed.splitlines(True), "emitted",
+                                        "post-processed", n=1))
+    return "\n".join([head, *rewrites] + ([diff.rstrip()] if diff else []) + [summary.format()])
 
 
 def main(argv=None):
@@ -105,13 +112,15 @@ def main(argv=None):
                     help="override the shape's default mask")
     ap.add_argument("--dtype", choices=["float16", "bfloat16"], default="float16")
     ap.add_argument("--out", type=Path, default=None, help="keep .cu/.post.cu/.diff/.cubin/.sass here")
+    ap.add_argument("--postproc", action=argparse.BooleanOptionalAction, default=None,
+                    help="run the CUDA post-processor (default: only for kernels compiled with it)")
     args = ap.parse_args(argv)
     shape = shapes.get(args.shape).with_dtype(args.dtype)
     if args.causal is not None:
         shape = shape.with_mask(args.causal)
     if not registry.get(args.kernel).supports(shape):
         ap.error(f"{args.kernel} does not support {shape}")
-    print(report(args.kernel, shape, args.out))
+    print(report(args.kernel, shape, args.out, args.postproc))
     if args.out:
         print(f"files in {args.out}")
 

@@ -35,6 +35,11 @@ class Kernel:
         """TileLang pass configs the family compiles with (emit lowers with the same)."""
         return getattr(self._mod(), "PASS_CONFIGS", {})
 
+    @property
+    def postprocessed(self) -> bool:
+        """Whether the family compiles under ``postproc.active()`` (module flag POSTPROCESS)."""
+        return getattr(self._mod(), "POSTPROCESS", False)
+
     def prim_func(self, shape: Shape):
         return self._mod().prim_func_for(shape, **dict(self.options))
 
