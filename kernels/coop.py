@@ -36,6 +36,7 @@ import functools
 import math
 from dataclasses import dataclass
 from enum import IntEnum
+from types import SimpleNamespace
 
 import tilelang
 import tilelang.language as T
@@ -88,9 +89,44 @@ def config_for(head_dim: int, causal: bool, pingpong: bool = True) -> Config:
     return Config(base.block_n, base.num_stages, pingpong, heavy_first=causal)
 
 
+def serial_mainloop(t):
+    """FA3's mainloop without IntraWGOverlap: per KV block, S = Q Kᵀ → wait → softmax → O += P V
+    → wait. ``t`` holds the kernel's trace-time constants and shared macros (``coop_fwd``)."""
+
+    @T.macro
+    def mainloop(wg, row0, q_s, k_s, v_s, k_full, k_empty, v_full, v_empty, loop_range,
+                 acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum):
+        for kb in T.serial(loop_range):
+            stage = kb % t.stages
+            phase = (kb // t.stages) % 2
+            T.mbarrier_wait_parity(k_full[stage], phase)
+            if t.pingpong:
+                T.sync_threads(t.schedulers[wg], CONSUMER_THREADS)
+            T.wgmma_gemm(q_s[wg, :, :], k_s[stage, :, :], acc_s, transpose_B=True,
+                         clear_accum=True)
+            if t.pingpong:
+                T.named_barrier_arrive(t.schedulers[1 - wg], CONSUMER_THREADS)
+            T.wait_wgmma(0)
+            T.warpgroup_fence_operand(acc_s, num_regs=t.s_regs)
+            T.mbarrier_arrive(k_empty[stage])
+
+            t.mask(acc_s, kb, row0)
+            online_softmax(acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum,
+                           row_sum, HALF, t.bn, t.head_dim_v, t.scale_log2)
+
+            T.mbarrier_wait_parity(v_full[stage], phase)
+            T.wgmma_gemm(p, v_s[stage, :, :], acc_o, clear_accum=False)
+            T.wait_wgmma(0)
+            T.warpgroup_fence_operand(acc_o, num_regs=t.o_regs)
+            T.mbarrier_arrive(v_empty[stage])
+
+    return mainloop
+
+
 def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtype, softmax_scale,
-             cfg: Config):
-    """q (B,S,Hq,D), k (B,S,Hkv,D), v (B,S,Hkv,Dv) -> out (B,S,Hq,Dv)."""
+             cfg: Config, mainloop_factory=serial_mainloop):
+    """q (B,S,Hq,D), k (B,S,Hkv,D), v (B,S,Hkv,Dv) -> out (B,S,Hq,Dv). The producer, consumer
+    setup and epilogue are shared; ``mainloop_factory(t)`` gives the consumer's KV loop."""
     bn, stages = cfg.block_n, cfg.num_stages
     group = heads // kv_heads
     scale_log2 = softmax_scale * LOG2E
@@ -102,6 +138,24 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
     n_kblocks = (seq_len + bn - 1) // bn
     schedulers = (NamedBarrier.WARP_SCHEDULER_WG1, NamedBarrier.WARP_SCHEDULER_WG2)
     epilogues = (NamedBarrier.EPILOGUE_WG1, NamedBarrier.EPILOGUE_WG2)
+
+    @T.macro
+    def mask(acc_s, kb, row0):
+        """-inf where key kb·bn + j is in the future of row row0 + i (causal) or past S (ragged);
+        only blocks that need it pay."""
+        if causal:
+            if (kb + 1) * bn > row0:  # the block reaches past this warpgroup's first row
+                for i, j in T.Parallel(HALF, bn):
+                    acc_s[i, j] = T.if_then_else(row0 + i >= kb * bn + j, acc_s[i, j], neg_inf)
+        elif seq_len % bn:
+            if kb == n_kblocks - 1:
+                for i, j in T.Parallel(HALF, bn):
+                    acc_s[i, j] = T.if_then_else(kb * bn + j < seq_len, acc_s[i, j], neg_inf)
+
+    t = SimpleNamespace(bn=bn, stages=stages, pingpong=cfg.pingpong, schedulers=schedulers,
+                        s_regs=s_regs, o_regs=o_regs, p_regs=HALF * bn // 256,
+                        head_dim_v=head_dim_v, scale_log2=scale_log2, mask=mask)
+    mainloop = mainloop_factory(t)
 
     @T.macro
     def consumer(wg, Out, q_s, k_s, v_s, q_full, k_full, k_empty, v_full, v_empty, qt, head,
@@ -122,36 +176,8 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
         if cfg.pingpong and wg == 1:
             # WG1 goes first: WG2 pre-pays its arrival on WG1's scheduler barrier.
             T.named_barrier_arrive(schedulers[0], CONSUMER_THREADS)
-        for kb in T.serial(loop_range):
-            stage = kb % stages
-            phase = (kb // stages) % 2
-            T.mbarrier_wait_parity(k_full[stage], phase)
-            if cfg.pingpong:
-                T.sync_threads(schedulers[wg], CONSUMER_THREADS)
-            T.wgmma_gemm(q_s[wg, :, :], k_s[stage, :, :], acc_s, transpose_B=True,
-                         clear_accum=True)
-            if cfg.pingpong:
-                T.named_barrier_arrive(schedulers[1 - wg], CONSUMER_THREADS)
-            T.wait_wgmma(0)
-            T.warpgroup_fence_operand(acc_s, num_regs=s_regs)
-            T.mbarrier_arrive(k_empty[stage])
-
-            if causal:
-                if (kb + 1) * bn > row0:  # the block reaches past this warpgroup's first row
-                    for i, j in T.Parallel(HALF, bn):
-                        acc_s[i, j] = T.if_then_else(row0 + i >= kb * bn + j, acc_s[i, j], neg_inf)
-            elif seq_len % bn:
-                if kb == n_kblocks - 1:
-                    for i, j in T.Parallel(HALF, bn):
-                        acc_s[i, j] = T.if_then_else(kb * bn + j < seq_len, acc_s[i, j], neg_inf)
-            online_softmax(acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum,
-                           row_sum, HALF, bn, head_dim_v, scale_log2)
-
-            T.mbarrier_wait_parity(v_full[stage], phase)
-            T.wgmma_gemm(p, v_s[stage, :, :], acc_o, clear_accum=False)
-            T.wait_wgmma(0)
-            T.warpgroup_fence_operand(acc_o, num_regs=o_regs)
-            T.mbarrier_arrive(v_empty[stage])
+        mainloop(wg, row0, q_s, k_s, v_s, k_full, k_empty, v_full, v_empty, loop_range,
+                 acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum)
 
         for i, j in T.Parallel(HALF, head_dim_v):
             acc_o[i, j] /= row_sum[i]
@@ -219,12 +245,11 @@ def supports(shape: Shape) -> bool:
     return (shape.head_dim, shape.head_dim_v) in HEAD_DIMS
 
 
-def prim_func_for(shape: Shape, pingpong: bool = True):
+def prim_func_for(shape: Shape, pingpong: bool = True, mainloop_factory=serial_mainloop):
     """The prim_func the lab runs for a named shape (used by ``ws_lab.emit``)."""
     return coop_fwd(shape.batch, shape.seq_len, shape.heads, shape.kv_heads, shape.head_dim,
                     shape.head_dim_v, shape.causal, shape.dtype, 1.0 / math.sqrt(shape.head_dim),
-                    config_for(shape.head_dim, shape.causal, pingpong))
-
+                    config_for(shape.head_dim, shape.causal, pingpong), mainloop_factory)
 
 
 @functools.lru_cache(maxsize=None)
@@ -233,13 +258,15 @@ def compiled(*args):
     return compile_sm90a(coop_fwd(*args), pass_configs=PASS_CONFIGS)
 
 
-def attention(q, k, v, causal=False, softmax_scale=None, out=None, pingpong: bool = True):
+def attention(q, k, v, causal=False, softmax_scale=None, out=None, pingpong: bool = True,
+              mainloop_factory=serial_mainloop):
     """BSHD GQA forward. q (B,S,Hq,D), k (B,S,Hkv,D), v (B,S,Hkv,D) fp16/bf16 on CUDA; D 64/128/256."""
     dims = validate_attention_inputs(q, k, v, supported_head_dims=HEAD_DIMS, out=out,
                                      softmax_scale=softmax_scale)
     cfg = config_for(dims.head_dim, bool(causal), pingpong)
     kernel = compiled(dims.batch, dims.seq_len, dims.heads, dims.kv_heads, dims.head_dim,
-                      dims.head_dim_v, bool(causal), dims.tl_dtype, dims.softmax_scale, cfg)
+                      dims.head_dim_v, bool(causal), dims.tl_dtype, dims.softmax_scale, cfg,
+                      mainloop_factory)
     if out is None:
         out = torch.empty(*q.shape[:3], dims.head_dim_v, dtype=q.dtype, device=q.device)
     kernel(q, k, v, out)

@@ -1,6 +1,6 @@
 """Online softmax of one score tile in registers, shared by every forward kernel of the lab.
 
-FA3 counterpart: ``hopper/softmax.h`` (``max_get_scale`` + ``online_softmax`` + ``rescale_o``).
+FA3 counterpart: ``hopper/softmax.h`` (``max_get_scale`` + ``online_softmax``, then ``rescale_o``).
 Scores are scaled inside exp2 (``scale · log2 e``), so one FFMA per element does scale and shift.
 """
 import tilelang.language as T
@@ -9,10 +9,10 @@ LOG2E = 1.4426950408889634
 
 
 @T.macro
-def online_softmax(acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum,
-                   rows, cols, head_dim_v, scale_log2):
-    """acc_s (rows × cols fp32 scores) -> p (probabilities in the input dtype); the running max
-    and sum advance, and acc_o (rows × head_dim_v) is rescaled to the new max."""
+def softmax_stats(acc_s, row_max, row_max_prev, row_rescale, block_sum, row_sum, rows, cols,
+                  scale_log2):
+    """acc_s (rows × cols fp32 scores) -> exp2 of the scaled, max-shifted scores, in place; the
+    running max and sum advance and row_rescale holds the factor for the old O."""
     T.copy(row_max, row_max_prev)
     T.reduce_max(acc_s, row_max, dim=1, clear=False)
     for i in T.Parallel(rows):
@@ -22,6 +22,22 @@ def online_softmax(acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_su
     T.reduce_sum(acc_s, block_sum, dim=1)
     for i in T.Parallel(rows):
         row_sum[i] = row_sum[i] * row_rescale[i] + block_sum[i]
+
+
+@T.macro
+def commit_probs(acc_s, p, acc_o, row_rescale, rows, head_dim_v):
+    """P in the input dtype for the PV GEMM, and O rescaled to the new max. Split from
+    softmax_stats so IntraWGOverlap can run the stats while the previous PV GEMM still reads
+    P and accumulates into O."""
     T.copy(acc_s, p)
     for i, j in T.Parallel(rows, head_dim_v):
         acc_o[i, j] *= row_rescale[i]
+
+
+@T.macro
+def online_softmax(acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum,
+                   rows, cols, head_dim_v, scale_log2):
+    """softmax_stats then commit_probs: one score tile in, P and the rescaled O out."""
+    softmax_stats(acc_s, row_max, row_max_prev, row_rescale, block_sum, row_sum, rows, cols,
+                  scale_log2)
+    commit_probs(acc_s, p, acc_o, row_rescale, rows, head_dim_v)

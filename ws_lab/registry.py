@@ -54,6 +54,8 @@ def _register(name: str, module: str, **options) -> None:
 _register("pipelined", "kernels.pipelined")
 _register("coop", "kernels.coop", pingpong=True)
 _register("coop-nopp", "kernels.coop", pingpong=False)
+_register("coop-overlap", "kernels.coop_overlap", pingpong=True)
+_register("coop-overlap-nopp", "kernels.coop_overlap", pingpong=False)
 _register("triton-mha", "kernels.triton_mha")
 
 

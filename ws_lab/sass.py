@@ -35,6 +35,9 @@ class SassSummary:
     stack_frame: int | None = None
     dyn_smem: int | None = None
     ptxas_remarks: list = field(default_factory=list)  # e.g. C7515 (wgmma serialized), C7508
+    # For each WARPGROUP.DEPBAR: (groups it leaves in flight, kinds of HGMMA issued since the
+    # previous DEPBAR, e.g. ('SS', 'RS') when a QK and a PV group were both in flight).
+    depbar_windows: list = field(default_factory=list)
 
     @property
     def spill_bytes(self) -> int:
@@ -72,6 +75,12 @@ _WG = re.compile(r"\bWARPGROUP\.(ARRIVE|DEPBAR\.LE\s+gsb0,\s*0x[0-9a-f]+)")
 _MAXREG = re.compile(r"\bUSETMAXREG\.(TRY_ALLOC|DEALLOC)\S*\s+(?:UP\d+,\s*)?(0x[0-9a-f]+|\d+)")
 
 
+def overlaps_gemm_and_softmax(summary: SassSummary) -> bool:
+    """True when some wait leaves a group in flight after a window that issued both an SS (QK)
+    and an RS (PV) group: the next QK was issued before the previous PV was retired."""
+    return any(left >= 1 and {"SS", "RS"} <= set(kinds) for left, kinds in summary.depbar_windows)
+
+
 def _wg_name(text: str) -> str:
     """'ARRIVE' or 'DEPBAR.LE N' (N: wgmma groups left in flight)."""
     if text == "ARRIVE":
@@ -86,12 +95,18 @@ def sass_instructions(sass: str) -> list[str]:
 
 def summarize_sass(sass: str, summary: SassSummary | None = None) -> SassSummary:
     s = summary or SassSummary()
+    window: list[str] = []
     for ins in sass_instructions(sass):
         if m := _HGMMA.search(ins):
             a_in_regs = not m.group(3).startswith("gdesc")
             s.hgmma[m.group(1) + (".RS" if a_in_regs else "")] += 1
+            window.append("RS" if a_in_regs else "SS")
         elif m := _WG.search(ins):
             s.warpgroup_sync.append(_wg_name(m.group(1)))
+            if s.warpgroup_sync[-1] != "ARRIVE":
+                left = int(s.warpgroup_sync[-1].split()[-1])
+                s.depbar_windows.append((left, tuple(dict.fromkeys(window))))
+                window = []
         elif m := _MAXREG.search(ins):
             s.setmaxnreg.append(f"{m.group(1)} {int(m.group(2), 0)}")
         opcode = ins.split()[0] if ins.split() else ""

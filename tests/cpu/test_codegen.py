@@ -78,6 +78,7 @@ def test_sass_summary_on_a_golden_snippet():
     s = sass.summarize_sass(SASS_SNIPPET)
     assert dict(s.hgmma) == {"64x128x16.F32": 2, "64x64x16.F32.RS": 1}
     assert s.warpgroup_sync == ["ARRIVE", "DEPBAR.LE 1"]
+    assert s.depbar_windows == [(1, ("SS", "RS"))] and sass.overlaps_gemm_and_softmax(s)
     assert s.setmaxnreg == ["TRY_ALLOC 240", "DEALLOC 24"]
     assert (s.counts["SYNCS"], s.counts["BAR"], s.counts["UTMALDG"]) == (1, 1, 1)
     report = ("ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async instructions are "

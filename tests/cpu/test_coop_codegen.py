@@ -6,7 +6,7 @@ import shutil
 import pytest
 
 from kernels import coop
-from ws_lab import emit, shapes
+from ws_lab import emit, sass, shapes
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 
@@ -31,6 +31,23 @@ def test_coop_compiles_warp_specialized(tmp_path, kernel, head_dim):
     assert not [r for r in summary.ptxas_remarks if "C7515" in r or "C7508" in r]
     if head_dim == 128:
         assert summary.spill_bytes == 0 and summary.stack_frame == 0
+
+
+@needs_nvcc
+@pytest.mark.parametrize("kernel", ["coop-overlap", "coop-overlap-nopp"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_overlap_exists_in_the_machine_code(tmp_path, kernel, head_dim):
+    """In each mainloop iteration the QK HGMMA group is issued before the WARPGROUP.DEPBAR that
+    retires the previous PV group (DEPBAR.LE 1 after an SS + RS window); coop fails the check."""
+    overlap = emit.inspect(emit.lower(kernel, shape_for(head_dim)), tmp_path / "overlap")
+    serial = emit.inspect(emit.lower(kernel.replace("-overlap", ""), shape_for(head_dim)),
+                          tmp_path / "serial")
+    assert sass.overlaps_gemm_and_softmax(overlap)
+    assert not sass.overlaps_gemm_and_softmax(serial)
+    # per consumer WG: peeled QK, the loop's QK+PV pair, the drained PV — never one per HGMMA
+    assert overlap.warpgroup_sync.count("ARRIVE") == 2 * 4
+    assert not [r for r in overlap.ptxas_remarks if "C7515" in r]
+    assert overlap.spill_bytes == 0 and sorted(set(overlap.setmaxnreg)) == ["DEALLOC 24", "TRY_ALLOC 240"]
 
 
 @pytest.mark.parametrize("pingpong", [True, False])

@@ -1,9 +1,10 @@
-"""Coop (2 consumer warpgroups, explicit warp specialization) vs the float64 oracle on the H100.
+"""Coop and coop_overlap (2 consumer warpgroups, explicit warp specialization; serial vs
+IntraWGOverlap mainloop) vs the float64 oracle on the H100.
 
-Grid: D ∈ {64, 128, 256} × fp16/bf16 × causal/full × S ∈ {4096, ragged} × pingpong on/off,
-GQA group cycling through 1/4/8, plus batch 3 — 50 cases (tolerances: ws_lab.check.TOLERANCE).
-Then: 20 runs on the same inputs give bitwise-identical output, and compute-sanitizer's racecheck
-and memcheck find nothing on one small shape.
+Grid per mainloop: D ∈ {64, 128, 256} × fp16/bf16 × causal/full × S ∈ {4096, ragged} × pingpong
+on/off, GQA group cycling through 1/4/8, plus batch 3 and a custom scale — 50 cases each
+(tolerances: ws_lab.check.TOLERANCE). Then, per mainloop: 20 runs on the same inputs give
+bitwise-identical output, and compute-sanitizer's racecheck and memcheck find nothing.
 """
 import shutil
 import subprocess
@@ -11,26 +12,32 @@ import sys
 
 import pytest
 
-from kernels import coop
+from kernels import coop, coop_overlap
 from tests.ws.grid import case_id, default_scale, grid, precompile
 from ws_lab.check import check_attention, random_qkv
 
 pytestmark = pytest.mark.gpu
 
 HEAD_DIMS = [(64, 64), (128, 128), (256, 256)]
-CASES = [c for pp in (True, False)
-         for c in grid(HEAD_DIMS, groups=[1, 4, 8], ragged=[1000, 4097, 333], pingpong=pp)] + [
-    dict(batch=3, seq_len=777, heads=8, kv_heads=2, head_dim=128, head_dim_v=128, causal=True,
-         dtype="float16", scale=None, pingpong=True),
-    dict(batch=3, seq_len=130, heads=6, kv_heads=3, head_dim=64, head_dim_v=64, causal=False,
-         dtype="bfloat16", scale=0.2, pingpong=True),
-]
+MAINLOOPS = {"serial": coop.serial_mainloop, "overlap": coop_overlap.overlap_mainloop}
+CASES = [dict(c, mainloop=name) for name in MAINLOOPS for c in (
+    [c for pp in (True, False)
+     for c in grid(HEAD_DIMS, groups=[1, 4, 8], ragged=[1000, 4097, 333], pingpong=pp)] + [
+        dict(batch=3, seq_len=777, heads=8, kv_heads=2, head_dim=128, head_dim_v=128, causal=True,
+             dtype="float16", scale=None, pingpong=True),
+        dict(batch=3, seq_len=130, heads=6, kv_heads=3, head_dim=64, head_dim_v=64, causal=False,
+             dtype="bfloat16", scale=0.2, pingpong=True)])]
+
+
+def _id(c):
+    return f"{c['mainloop']}-{case_id(c)}"
 
 
 def _build(c):
     coop.compiled(c["batch"], c["seq_len"], c["heads"], c["kv_heads"], c["head_dim"],
                   c["head_dim_v"], c["causal"], c["dtype"], default_scale(c),
-                  coop.config_for(c["head_dim"], c["causal"], c["pingpong"]))
+                  coop.config_for(c["head_dim"], c["causal"], c["pingpong"]),
+                  MAINLOOPS[c["mainloop"]])
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -38,47 +45,51 @@ def precompiled():
     precompile(CASES, _build)
 
 
-@pytest.mark.parametrize("case", CASES, ids=case_id)
+@pytest.mark.parametrize("case", CASES, ids=_id)
 def test_coop_matches_oracle(case):
     import functools
 
     import torch
 
-    fn = functools.partial(coop.attention, pingpong=case["pingpong"])
+    fn = functools.partial(coop.attention, pingpong=case["pingpong"],
+                           mainloop_factory=MAINLOOPS[case["mainloop"]])
     result = check_attention(fn, case["batch"], case["seq_len"], case["heads"], case["kv_heads"],
                              case["head_dim"], case["head_dim_v"], case["causal"],
                              getattr(torch, case["dtype"]), softmax_scale=case["scale"])
-    assert result.ok, f"{case_id(case)}: {result}"
+    assert result.ok, f"{_id(case)}: {result}"
 
 
+@pytest.mark.parametrize("entry", [coop.attention, coop_overlap.attention], ids=list(MAINLOOPS))
 @pytest.mark.parametrize("causal", [False, True])
-def test_coop_is_bitwise_repeatable(causal):
+def test_coop_is_bitwise_repeatable(entry, causal):
     import torch
 
     (q, k, v), _ = random_qkv(1, 4096, 32, 8, 128, 128, torch.float16, "cuda")
-    first = coop.attention(q, k, v, causal=causal)
+    first = entry(q, k, v, causal=causal)
     for _ in range(19):
         out = torch.full_like(first, float("nan"))
-        coop.attention(q, k, v, causal=causal, out=out)
+        entry(q, k, v, causal=causal, out=out)
         assert torch.equal(out, first)
 
 
 SANITIZED = """
 import torch
-from kernels import coop
+from kernels import {module}
 from ws_lab.check import check_attention
-r = check_attention(coop.attention, 1, 300, 4, 2, 64, 64, True, torch.float16)
+r = check_attention({module}.attention, 1, 300, 4, 2, 64, 64, True, torch.float16)
 assert r.ok, r
 """
 
 
+@pytest.mark.parametrize("module", ["coop", "coop_overlap"])
 @pytest.mark.parametrize("tool", ["racecheck", "memcheck"])
-def test_coop_sanitizer_clean(tool):
+def test_coop_sanitizer_clean(tool, module):
     sanitizer = shutil.which("compute-sanitizer")
     if sanitizer is None:
         pytest.skip("compute-sanitizer not on PATH")
     done = subprocess.run([sanitizer, f"--tool={tool}", "--kernel-name", "kns=main_kernel",
-                           "--error-exitcode=3", sys.executable, "-c", SANITIZED],
+                           "--error-exitcode=3", sys.executable, "-c",
+                           SANITIZED.format(module=module)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     clean = {"memcheck": "ERROR SUMMARY: 0 errors",
