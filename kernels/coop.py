@@ -15,6 +15,9 @@ online softmax in registers (exp2 of scale·log2 e) → rescale O → O += P V (
 registers) → wait → release V. Epilogue: O / l → its own half of the Q buffer (its last QK GEMM
 has retired) → fence.proxy.async → named barrier of its 128 threads → TMA store.
 
+The consumer's KV loop is a parameter of ``coop_fwd`` (``serial_mainloop`` here;
+``kernels/coop_overlap.py`` plugs in FA3's IntraWGOverlap loop and shares everything else).
+
 Pingpong (``Config.pingpong``, FA3 ``warp_scheduler_barrier_sync/arrive``): a consumer issues
 its QK GEMM only after the other consumer has issued its own, so one warpgroup's GEMMs run
 while the other does softmax.
