@@ -3,6 +3,7 @@ the llama8b-4k config's SASS is on the wgmma path, warp-specialized and spill-fr
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -56,7 +57,8 @@ def test_bench_without_gpu_falls_back_to_static_report():
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: the bench measures instead")
     done = subprocess.run([sys.executable, "bench/pipelined.py", "--shape", "gpt2-d64"],
-                          capture_output=True, text=True, check=True)
+                          cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True,
+                          check=True)
     assert "no CUDA device" in done.stdout and "SASS summary" in done.stdout
 
 

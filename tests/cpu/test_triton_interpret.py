@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +17,8 @@ from tests.cpu import interpret_cases
 def interpreted():
     env = dict(os.environ, TRITON_INTERPRET="1")
     done = subprocess.run([sys.executable, "-m", "tests.cpu.interpret_cases"], env=env,
-                          capture_output=True, text=True, timeout=1200)
+                          cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True,
+                          timeout=1200)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
