@@ -50,8 +50,14 @@ def main():
     import torch
 
     if not torch.cuda.is_available():
-        print("no CUDA device: the paged kernels are Triton; run them on CPU with "
-              "TRITON_INTERPRET=1 (tests/cpu/test_triton_interpret.py)")
+        from kernels import paged
+        from ws_lab import triton_static
+
+        print("no CUDA device: printing the static report (sm_90 SASS summary of the gqa and "
+              "split_k kernels for each row's head layout) instead\n")
+        for r in {(r.heads, r.kv_heads, r.head_dim, r.block_size): r for r in ROWS}.values():
+            for spec in paged.static_specs(r.heads, r.kv_heads, r.head_dim, r.block_size, r.dtype):
+                print(f"{r.name} ({r.heads}/{r.kv_heads}): " + triton_static.report(spec) + "\n")
         return
     copy = bp.copy_bandwidth_gbps()
     print(f"{torch.cuda.get_device_name()}: device copy {copy:.0f} GB/s (read + write)\n")

@@ -284,3 +284,22 @@ def paged_attention(q, k_cache, v_cache, block_table, context_lens, *, mode="aut
                                          out.stride(0), out.stride(1), D=head_dim, D_PAD=d_pad,
                                          SEG_PAD=triton.next_power_of_2(n_seg))
     return out
+
+
+def static_specs(heads, kv_heads, head_dim, block_size, dtype="float16", config=DEFAULT):
+    """sm_90 specializations of the gqa and split_k kernels, for the no-GPU static report."""
+    from ws_lab.triton_static import StaticSpec
+
+    elem = {"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32"}[dtype]
+    d_pad = triton.next_power_of_2(head_dim)
+    group = heads // kv_heads
+    types = {n: "i32" for n in _decode_gqa_kernel.arg_names}
+    types.update(Q=elem, K=elem, V=elem, Out=elem, BlockTable="*i32", ContextLens="*i32",
+                 MScratch="*fp32", LScratch="*fp32", AccScratch="*fp32", scale_log2="fp32")
+    meta = dict(GROUP=group, G_PAD=max(MIN_DOT_ROWS, triton.next_power_of_2(group)), D=head_dim,
+                D_PAD=d_pad, BLOCK_SIZE=block_size,
+                TILE=tile_for(config, d_pad, 4 if dtype == "float32" else 2),
+                IEEE=dtype == "float32")
+    options = dict(num_warps=config.num_warps, num_stages=config.num_stages)
+    return [StaticSpec(f"decode_{mode}", _decode_gqa_kernel, types, dict(meta, SPLIT=split),
+                       options) for mode, split in (("gqa", False), ("split_k", True))]

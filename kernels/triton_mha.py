@@ -123,3 +123,15 @@ def attention(q, k, v, causal=False, softmax_scale=None, out=None):
 
 def supports(shape) -> bool:
     return (shape.head_dim, shape.head_dim_v) in HEAD_DIMS
+
+
+def static_specs(shape):
+    """The kernel's sm_90 specializations for a shape, for the no-GPU static report."""
+    from ws_lab.triton_static import StaticSpec
+
+    elem = "*bf16" if shape.dtype == "bfloat16" else "*fp16"
+    types = {n: "i32" for n in _mha_fwd_kernel.fn.arg_names}
+    types.update(Q=elem, K=elem, V=elem, Out=elem, scale_log2="fp32")
+    return [StaticSpec(f"mha_fwd bm{c.kwargs['BLOCK_M']} bn{c.kwargs['BLOCK_N']}", _mha_fwd_kernel.fn,
+                       types, dict(D=shape.head_dim, IS_CAUSAL=shape.causal, **c.kwargs),
+                       dict(num_warps=c.num_warps, num_stages=c.num_stages)) for c in CONFIGS[:2]]

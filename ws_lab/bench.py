@@ -207,16 +207,21 @@ def plot(rows: list[Row], path: Path) -> None:
 
 
 def static_report(kernels: list[str], cases: list[shapes.Shape]) -> None:
-    from ws_lab import emit
+    from ws_lab import emit, triton_static
 
     print("no CUDA device: printing the static report (emitted CUDA + SASS summary) instead\n")
     for shape in cases:
         for name in kernels:
-            if not registry.get(name).supports(shape):
+            kernel = registry.get(name)
+            if not kernel.supports(shape):
                 print(f"{name} does not support {shape.name}\n")
                 continue
             try:
-                print(emit.report(name, shape) + "\n")
+                if kernel.static_specs:  # a Triton kernel
+                    for spec in kernel.static_specs(shape):
+                        print(f"{name} on {shape.name}: " + triton_static.report(spec) + "\n")
+                else:
+                    print(emit.report(name, shape) + "\n")
             except Exception as exc:  # e.g. no nvcc on this machine
                 print(f"{name} on {shape.name}: static report failed: {exc}\n")
 

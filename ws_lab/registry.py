@@ -40,6 +40,11 @@ class Kernel:
         """Whether the family compiles under ``postproc.active()`` (module flag POSTPROCESS)."""
         return getattr(self._mod(), "POSTPROCESS", False)
 
+    @property
+    def static_specs(self):
+        """Triton families: ``static_specs(shape)`` for the no-GPU report; None for TileLang."""
+        return getattr(self._mod(), "static_specs", None)
+
     def prim_func(self, shape: Shape):
         return self._mod().prim_func_for(shape, **dict(self.options))
 

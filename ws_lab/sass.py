@@ -131,6 +131,16 @@ def parse_ptxas(report: str, summary: SassSummary) -> SassSummary:
     return summary
 
 
+def parse_resource_usage(cubin: Path, summary: SassSummary) -> SassSummary:
+    """Registers and stack bytes from ``cuobjdump --dump-resource-usage`` (for cubins built
+    without a ptxas report, e.g. Triton's)."""
+    text = subprocess.run([tool("cuobjdump"), "--dump-resource-usage", str(cubin)], check=True,
+                          capture_output=True, text=True).stdout
+    if m := re.search(r"REG:(\d+) STACK:(\d+)", text):
+        summary.registers, summary.stack_frame = int(m.group(1)), int(m.group(2))
+    return summary
+
+
 def dump_sass(cubin: Path) -> str:
     return subprocess.run([tool("cuobjdump"), "--dump-sass", str(cubin)], check=True,
                           capture_output=True, text=True).stdout

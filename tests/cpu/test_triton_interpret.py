@@ -2,6 +2,7 @@
 fp16; ragged context lengths 1/17/513, scattered blocks, groups 1/4/8/32, head dims 80/96);
 input validation of paged_attention; the LLaMA block traced by Dynamo with fullgraph=True."""
 import json
+import re
 import os
 import subprocess
 import sys
@@ -101,3 +102,13 @@ def test_launch_plan_depends_on_shapes_only():
     assert paged.segments_for(1, 1, 64, 132) == 1  # never more segments than tiles
     assert paged.choose_mode(64, 32, 32, 2048, 132) == "gqa"
     assert paged.choose_mode(16, 32, 1, 4096, 132) == "split_k"
+
+
+def test_static_report_compiles_triton_kernels_for_sm90_without_a_gpu():
+    from kernels import paged, triton_mha
+    from ws_lab import shapes, triton_static
+
+    mha = triton_static.report(triton_mha.static_specs(shapes.get("llama8b-4k"))[0])
+    assert "HGMMA: 64x" in mha  # the MHA tile (128 rows) is on the wgmma path
+    split = triton_static.report(paged.static_specs(32, 8, 128, 16)[1])
+    assert "decode_split_k" in split and re.search(r"registers \d+", split)

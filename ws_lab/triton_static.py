@@ -1,0 +1,39 @@
+"""Static report for the lab's Triton kernels without a GPU: compile for sm_90 with Triton's own
+compiler (no device needed), then the same SASS summary as ``ws_lab.emit`` gives TileLang kernels.
+"""
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ws_lab import sass
+
+
+@dataclass
+class StaticSpec:
+    """One Triton kernel specialization: argument types by name, constexprs, launch options."""
+    name: str
+    jit_fn: object  # a triton.JITFunction (an autotuned kernel's ``.fn``)
+    types: dict  # arg name -> "*fp16", "*i32", "fp32", "i32"; constexprs are filled in
+    constexprs: dict
+    options: dict = field(default_factory=dict)  # num_warps, num_stages
+
+
+def compile_sm90(spec: StaticSpec):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature = {n: ("constexpr" if n in spec.constexprs else spec.types[n])
+                 for n in spec.jit_fn.arg_names}
+    source = ASTSource(spec.jit_fn, signature, spec.constexprs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=spec.options)
+
+
+def report(spec: StaticSpec) -> str:
+    compiled = compile_sm90(spec)
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / f"{spec.name}.cubin"
+        cubin.write_bytes(compiled.asm["cubin"])
+        summary = sass.parse_resource_usage(cubin, sass.summarize_sass(sass.dump_sass(cubin)))
+    summary.dyn_smem = compiled.metadata.shared
+    return f"{spec.name} (Triton, sm_90, {spec.options}, {spec.constexprs})\n{summary.format()}"
