@@ -15,19 +15,20 @@ def make_paged(batch, heads, kv_heads, head_dim, block_size, context_lens, dtype
     """q, k_cache, v_cache, block_table, context_lens with each sequence's blocks drawn at random
     (without repeats) from a pool of ``num_blocks``; returns them and the seed."""
     seed = secrets.randbits(31) if seed is None else seed
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    # Drawn on the target device: a 32768-block pool is ~10^9 numbers, minutes on a CPU.
+    gen = torch.Generator(device=device).manual_seed(seed)
     max_blocks = max(-(-c // block_size) for c in context_lens)
     num_blocks = num_blocks or batch * max_blocks + 7
     if num_blocks < max_blocks:
         raise ValueError(f"pool of {num_blocks} blocks cannot hold {max_blocks} per sequence")
 
     def randn(*shape):
-        return torch.randn(*shape, generator=gen).to(dtype).to(device)
+        return torch.randn(*shape, generator=gen, device=device).to(dtype)
 
     k_cache = randn(num_blocks, block_size, kv_heads, head_dim)
     v_cache = randn(num_blocks, block_size, kv_heads, head_dim)
-    table = torch.stack([torch.randperm(num_blocks, generator=gen)[:max_blocks]
-                         for _ in range(batch)]).to(torch.int32).to(device)
+    table = torch.stack([torch.randperm(num_blocks, generator=gen, device=device)[:max_blocks]
+                         for _ in range(batch)]).to(torch.int32)
     lens = torch.tensor(context_lens, dtype=torch.int32, device=device)
     q = randn(batch, heads, head_dim)
     return (q, k_cache, v_cache, table, lens), seed
