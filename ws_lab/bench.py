@@ -64,7 +64,6 @@ def _lab_impl(name: str):
 
 def _sdpa_impl(backend_name: str):
     def make(q, k, v, causal):
-        import torch
         import torch.nn.functional as F
         from torch.nn.attention import SDPBackend, sdpa_kernel
 

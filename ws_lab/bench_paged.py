@@ -83,7 +83,6 @@ def measure_row(row: PagedRow, modes, copy_gbps, with_peers=True, config=None) -
     if with_peers:
         _measure_peers(res, q, kc, vc, table, lens)
     res.us["floor"] = row.kv_bytes() / (copy_gbps * 1e9) * 1e6
-    del kc, vc
     torch.cuda.empty_cache()
     return res
 
@@ -101,7 +100,6 @@ def _measure_peers(res, q, kc, vc, table, lens):
             q4, k, v, enable_gqa=row.heads != row.kv_heads))
     except RuntimeError as exc:
         res.notes["sdpa"] = str(exc).splitlines()[0][:80]
-    del k, v
     try:
         from tileops.attention import GQAPagedFwdOp
 

@@ -7,7 +7,6 @@ Upstream: not yet filed (this bundle is the report).
 """
 import re
 
-import tilelang
 import tilelang.language as T
 
 from ws_lab.upstream import lower_sm90a

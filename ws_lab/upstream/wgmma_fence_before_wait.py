@@ -8,7 +8,6 @@ it orders nothing that matters, and no fence follows the wait. FA3 (``hopper/uti
 """
 import re
 
-import tilelang
 import tilelang.language as T
 
 from ws_lab.upstream import lower_sm90a
