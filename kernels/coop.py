@@ -102,11 +102,7 @@ def serial_mainloop(t):
         for kb in T.serial(loop_range):
             stage = kb % t.stages
             phase = (kb // t.stages) % 2
-            T.mbarrier_wait_parity(k_full[stage], phase)
-            if t.pingpong:
-                T.sync_threads(t.schedulers[wg], CONSUMER_THREADS)
-            T.wgmma_gemm(q_s[wg, :, :], k_s[stage, :, :], acc_s, transpose_B=True,
-                         clear_accum=True)
+            t.issue_qk(wg, q_s, k_s, k_full, stage, phase, acc_s)
             if t.pingpong:
                 T.named_barrier_arrive(t.schedulers[1 - wg], CONSUMER_THREADS)
             T.wait_wgmma(0)
@@ -155,9 +151,18 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
                 for i, j in T.Parallel(HALF, bn):
                     acc_s[i, j] = T.if_then_else(kb * bn + j < seq_len, acc_s[i, j], neg_inf)
 
+    @T.macro
+    def issue_qk(wg, q_s, k_s, k_full, stage, phase, acc_s):
+        """Wait for K, take this warpgroup's pingpong turn, issue S = Q Kᵀ (no wait)."""
+        T.mbarrier_wait_parity(k_full[stage], phase)
+        if cfg.pingpong:
+            T.sync_threads(schedulers[wg], CONSUMER_THREADS)
+        T.wgmma_gemm(q_s[wg, :, :], k_s[stage, :, :], acc_s, transpose_B=True, clear_accum=True)
+
     t = SimpleNamespace(bn=bn, stages=stages, pingpong=cfg.pingpong, schedulers=schedulers,
                         s_regs=s_regs, o_regs=o_regs, p_regs=HALF * bn // 256,
-                        head_dim_v=head_dim_v, scale_log2=scale_log2, mask=mask)
+                        head_dim_v=head_dim_v, scale_log2=scale_log2, mask=mask,
+                        issue_qk=issue_qk)
     mainloop = mainloop_factory(t)
 
     @T.macro

@@ -26,16 +26,9 @@ from ws_lab.shapes import Shape
 
 def overlap_mainloop(t):
     @T.macro
-    def issue_qk(wg, q_s, k_s, k_full, stage, phase, acc_s):
-        T.mbarrier_wait_parity(k_full[stage], phase)
-        if t.pingpong:
-            T.sync_threads(t.schedulers[wg], CONSUMER_THREADS)
-        T.wgmma_gemm(q_s[wg, :, :], k_s[stage, :, :], acc_s, transpose_B=True, clear_accum=True)
-
-    @T.macro
     def mainloop(wg, row0, q_s, k_s, v_s, k_full, k_empty, v_full, v_empty, loop_range,
                  acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum):
-        issue_qk(wg, q_s, k_s, k_full, 0, 0, acc_s)
+        t.issue_qk(wg, q_s, k_s, k_full, 0, 0, acc_s)
         if t.pingpong:
             T.named_barrier_arrive(t.schedulers[1 - wg], CONSUMER_THREADS)
         T.wait_wgmma(0)
@@ -47,7 +40,7 @@ def overlap_mainloop(t):
         for kb in T.serial(1, loop_range):
             stage = kb % t.stages
             prev = (kb - 1) % t.stages
-            issue_qk(wg, q_s, k_s, k_full, stage, (kb // t.stages) % 2, acc_s)
+            t.issue_qk(wg, q_s, k_s, k_full, stage, (kb // t.stages) % 2, acc_s)
             T.mbarrier_wait_parity(v_full[prev], ((kb - 1) // t.stages) % 2)
             T.wgmma_gemm(p, v_s[prev, :, :], acc_o, clear_accum=False)
             if t.pingpong:
