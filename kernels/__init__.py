@@ -1,0 +1,3 @@
+"""One kernel family per file. Constants every family shares live here (no framework imports)."""
+
+LOG2E = 1.4426950408889634  # scores are scaled by scale · log2(e) and exponentiated with exp2

@@ -46,7 +46,8 @@ import tilelang.language as T
 import torch
 from tilelang.layout import make_swizzled_layout
 
-from kernels.softmax import LOG2E, online_softmax
+from kernels import LOG2E
+from kernels.softmax import online_softmax
 from ws_lab.check import validate_attention_inputs
 from ws_lab.shapes import Shape
 from ws_lab.target import compile_sm90a

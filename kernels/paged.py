@@ -24,10 +24,11 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import LOG2E
+
 MODES = ("v1", "gqa", "split_k")
 HEAD_DIMS = (64, 80, 96, 128, 256)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-LOG2E = 1.4426950408889634
 
 @dataclass(frozen=True)
 class LaunchConfig:

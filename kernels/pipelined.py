@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import tilelang.language as T
 import torch
 
-from kernels.softmax import LOG2E, online_softmax
+from kernels import LOG2E
+from kernels.softmax import online_softmax
 from ws_lab.check import validate_attention_inputs
 from ws_lab.shapes import Shape
 from ws_lab.target import compile_sm90a

@@ -5,8 +5,6 @@ Scores are scaled inside exp2 (``scale · log2 e``), so one FFMA per element doe
 """
 import tilelang.language as T
 
-LOG2E = 1.4426950408889634
-
 
 @T.macro
 def softmax_stats(acc_s, row_max, row_max_prev, row_rescale, block_sum, row_sum, rows, cols,

@@ -12,9 +12,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import LOG2E
 from ws_lab.check import validate_attention_inputs
 
-LOG2E = 1.4426950408889634
 HEAD_DIMS = [(d, d) for d in (64, 128)]
 
 # The interpreter (CPU tests) cannot benchmark: it gets one config, so autotuning is skipped.
