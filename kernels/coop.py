@@ -70,6 +70,7 @@ class NamedBarrier(IntEnum):
     WARP_SCHEDULER_WG2 = 2
     EPILOGUE_WG1 = 3  # WG1's 128 threads have written their O tile
     EPILOGUE_WG2 = 4
+    ROW_SUM = 5  # largehdv: WG1's final row sums are in smem for WG2 (128 arrive + 128 sync)
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,44 @@ HEAD_DIMS = sorted((d, d) for d in CONFIGS)
 def config_for(head_dim: int, causal: bool, pingpong: bool = True) -> Config:
     base = CONFIGS[head_dim]
     return Config(base.block_n, base.num_stages, pingpong, heavy_first=causal)
+
+
+def kv_producer(bn: int, stages: int, v_parts: int = 1):
+    """The producer warp's KV loop, shared by every WS kernel of the lab: per block, wait for
+    the stage to be free, TMA K into k_s[stage] and V into v_s[stage] (in ``v_parts`` column
+    slices v_s[stage, part] when a consumer warpgroup owns each slice, as in largehdv)."""
+
+    @T.macro
+    def produce(K, V, k_s, v_s, k_full, k_empty, v_full, v_empty, b, kv_head, loop_range):
+        for kb in T.serial(loop_range):
+            stage = kb % stages
+            phase = (kb // stages) % 2
+            T.mbarrier_wait_parity(k_empty[stage], phase ^ 1)
+            T.tma_copy(K[b, kb * bn:(kb + 1) * bn, kv_head, :], k_s[stage, :, :],
+                       barrier=k_full[stage])
+            T.mbarrier_arrive(k_full[stage])
+            T.mbarrier_wait_parity(v_empty[stage], phase ^ 1)
+            if v_parts == 1:
+                T.tma_copy(V[b, kb * bn:(kb + 1) * bn, kv_head, :], v_s[stage, :, :],
+                           barrier=v_full[stage])
+            else:
+                width = v_s.shape[-1]
+                for part in T.unroll(v_parts):
+                    T.tma_copy(V[b, kb * bn:(kb + 1) * bn, kv_head, part * width:(part + 1) * width],
+                               v_s[stage, part, :, :], barrier=v_full[stage])
+            T.mbarrier_arrive(v_full[stage])
+
+    return produce
+
+
+@T.macro
+def store_o(acc_o, o_s, out, barrier_id):
+    """Epilogue of one consumer warpgroup: its normalized O tile → o_s (smem it alone owns now)
+    → fence.proxy.async → named barrier of its 128 threads → TMA store into ``out``."""
+    T.copy(acc_o, o_s)
+    T.fence_proxy_async()
+    T.sync_threads(barrier_id, 128)
+    T.copy(o_s, out)
 
 
 def serial_mainloop(t):
@@ -165,6 +204,7 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
                         head_dim_v=head_dim_v, scale_log2=scale_log2, mask=mask,
                         issue_qk=issue_qk)
     mainloop = mainloop_factory(t)
+    produce_kv = kv_producer(bn, stages)
 
     @T.macro
     def consumer(wg, Out, q_s, k_s, v_s, q_full, k_full, k_empty, v_full, v_empty, qt, head,
@@ -190,11 +230,8 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
 
         for i, j in T.Parallel(HALF, head_dim_v):
             acc_o[i, j] /= row_sum[i]
-        o_s = q_s[wg, :, :]  # this warpgroup's Q rows are dead once its last QK GEMM retired
-        T.copy(acc_o, o_s)
-        T.fence_proxy_async()
-        T.sync_threads(epilogues[wg], 128)
-        T.copy(o_s, Out[b, row0:row0 + HALF, head, :])
+        # this warpgroup's Q rows are dead once its last QK GEMM retired
+        store_o(acc_o, q_s[wg, :, :], Out[b, row0:row0 + HALF, head, :], epilogues[wg])
 
     @T.prim_func
     def main(
@@ -227,17 +264,8 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
                         T.tma_copy(Q[b, qt * BLOCK_M + wg * HALF:qt * BLOCK_M + (wg + 1) * HALF,
                                      head, :], q_s[wg, :, :], barrier=q_full)
                     T.mbarrier_arrive(q_full)
-                    for kb in T.serial(loop_range):
-                        stage = kb % stages
-                        phase = (kb // stages) % 2
-                        T.mbarrier_wait_parity(k_empty[stage], phase ^ 1)
-                        T.tma_copy(K[b, kb * bn:(kb + 1) * bn, kv_head, :], k_s[stage, :, :],
-                                   barrier=k_full[stage])
-                        T.mbarrier_arrive(k_full[stage])
-                        T.mbarrier_wait_parity(v_empty[stage], phase ^ 1)
-                        T.tma_copy(V[b, kb * bn:(kb + 1) * bn, kv_head, :], v_s[stage, :, :],
-                                   barrier=v_full[stage])
-                        T.mbarrier_arrive(v_full[stage])
+                    produce_kv(K, V, k_s, v_s, k_full, k_empty, v_full, v_empty, b, kv_head,
+                               loop_range)
             elif tx < 128:
                 T.set_max_nreg(240, 1)
                 consumer(0, Out, q_s, k_s, v_s, q_full, k_full, k_empty, v_full, v_empty, qt,

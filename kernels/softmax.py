@@ -23,13 +23,19 @@ def softmax_stats(acc_s, row_max, row_max_prev, row_rescale, block_sum, row_sum,
 
 
 @T.macro
+def rescale_o(acc_o, row_rescale, rows, head_dim_v):
+    """O *= the factor that moves it to the new running max."""
+    for i, j in T.Parallel(rows, head_dim_v):
+        acc_o[i, j] *= row_rescale[i]
+
+
+@T.macro
 def commit_probs(acc_s, p, acc_o, row_rescale, rows, head_dim_v):
     """P in the input dtype for the PV GEMM, and O rescaled to the new max. Split from
     softmax_stats so IntraWGOverlap can run the stats while the previous PV GEMM still reads
     P and accumulates into O."""
     T.copy(acc_s, p)
-    for i, j in T.Parallel(rows, head_dim_v):
-        acc_o[i, j] *= row_rescale[i]
+    rescale_o(acc_o, row_rescale, rows, head_dim_v)
 
 
 @T.macro

@@ -61,6 +61,7 @@ _register("coop", "kernels.coop", pingpong=True)
 _register("coop-nopp", "kernels.coop", pingpong=False)
 _register("coop-overlap", "kernels.coop_overlap", pingpong=True)
 _register("coop-overlap-nopp", "kernels.coop_overlap", pingpong=False)
+_register("largehdv", "kernels.largehdv")
 _register("triton-mha", "kernels.triton_mha")
 
 

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from kernels import coop, pipelined
+from kernels import coop, largehdv, pipelined
 
 
 def good(batch=1, seq=16, heads=4, kv_heads=2, d=64, dv=64, dtype=torch.float16):
@@ -61,3 +61,22 @@ def test_coop_refuses_dv_512():
     q, k, v = good(d=64, dv=512)
     with pytest.raises(ValueError, match=r"unsupported head dim \(D=64, Dv=512\)"):
         coop.attention(q, k, v)
+
+
+lq, lk, lv = good(dv=512)
+LARGEHDV_CASES = [
+    ("D 64 Dv 64 (coop's shape)", good(), {}, ValueError, r"unsupported head dim \(D=64, Dv=64\)"),
+    ("D 128 Dv 512", good(d=128, dv=512), {}, ValueError, r"unsupported head dim \(D=128, Dv=512\)"),
+    ("fp32", [t.float() for t in good(dv=512)], {}, TypeError, "dtype torch.float32"),
+    ("v seq mismatch", (lq, lk, lv[:, :8]), {}, ValueError, "batch/seq mismatch"),
+    ("out Dv 256", (lq, lk, lv), {"out": torch.empty(1, 16, 4, 256).half()}, ValueError,
+     "out must be a contiguous"),
+    ("cpu tensors", (lq, lk, lv), {}, ValueError, "inputs must be CUDA tensors"),
+]
+
+
+@pytest.mark.parametrize("qkv,kwargs,exc,message", [c[1:] for c in LARGEHDV_CASES],
+                         ids=[c[0] for c in LARGEHDV_CASES])
+def test_largehdv_refuses_bad_input_before_launch(qkv, kwargs, exc, message):
+    with pytest.raises(exc, match=message):
+        largehdv.attention(*qkv, **kwargs)

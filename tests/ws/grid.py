@@ -11,20 +11,25 @@ def case_id(c):
             + ("" if c.get("pingpong", True) else "-nopp"))
 
 
-def grid(head_dims, groups, ragged, kv_heads=2, **extra):
-    """fp16/bf16 × causal/full × S {4096, ragged} for each (D, Dv), cycling GQA groups."""
+def grid(head_dims, groups, ragged, kv_heads=2, batch=1, seq_len=4096, **extra):
+    """fp16/bf16 × causal/full × S {seq_len, ragged} for each (D, Dv), cycling GQA groups."""
     groups, ragged = itertools.cycle(groups), itertools.cycle(ragged)
     cases = []
     for (d, dv), dtype, causal, is_ragged in itertools.product(
             head_dims, ["float16", "bfloat16"], [False, True], [False, True]):
-        cases.append(dict(batch=1, seq_len=next(ragged) if is_ragged else 4096,
+        cases.append(dict(batch=batch, seq_len=next(ragged) if is_ragged else seq_len,
                           heads=kv_heads * next(groups), kv_heads=kv_heads, head_dim=d,
                           head_dim_v=dv, causal=causal, dtype=dtype, scale=None, **extra))
     return cases
 
 
-def precompile(cases, build):
-    """Compiles every case's kernel in parallel (nvcc dominates a serial run)."""
+def precompile(cases, build, request=None):
+    """Compiles the kernels of the selected cases in parallel (nvcc dominates a serial run);
+    with ``request`` (the fixture's), cases that ``-k`` deselected are skipped."""
+    if request is not None:
+        chosen = {id(item.callspec.params["case"]) for item in request.session.items
+                  if "case" in getattr(getattr(item, "callspec", None), "params", {})}
+        cases = [c for c in cases if id(c) in chosen]
     with ThreadPoolExecutor(max_workers=16) as pool:
         list(pool.map(build, cases))
 

@@ -41,8 +41,8 @@ def _build(c):
 
 
 @pytest.fixture(scope="module", autouse=True)
-def precompiled():
-    precompile(CASES, _build)
+def precompiled(request):
+    precompile(CASES, _build, request)
 
 
 @pytest.mark.parametrize("case", CASES, ids=_id)

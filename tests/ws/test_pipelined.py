@@ -22,13 +22,13 @@ CASES = grid([(64, 64), (128, 128), (256, 256), (64, 512)], groups=[1, 4, 8, 16]
 
 
 @pytest.fixture(scope="module", autouse=True)
-def precompiled():
+def precompiled(request):
     def build(c):
         cfg = pipelined.config_for(c["head_dim"], c["head_dim_v"], c["causal"])
         pipelined.compiled(c["batch"], c["seq_len"], c["heads"], c["kv_heads"], c["head_dim"],
                            c["head_dim_v"], c["causal"], c["dtype"], default_scale(c), cfg)
 
-    precompile(CASES, build)
+    precompile(CASES, build, request)
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
