@@ -21,8 +21,18 @@ SEED = [dict(batch=b, heads=hq, kv_heads=hkv, head_dim=128, block_size=16, dtype
             ["float16"] * 5 + ["float32"] * 5)]
 # vLLM: heads (4,4) (8,2) (5,1) (40,40) (64,8); head sizes 80/128/256; block sizes 16/32;
 # context lengths [523, 37, 2011] and [1328, 18, 463]; pools of 2048 and 32768 blocks.
+# A pool is capped where its K + V would pass POOL_BYTES (32768 blocks of 40 heads × D 256 fp32
+# are 86 GB, more than the H100 holds).
+POOL_BYTES = 16e9
+
+
+def _pool(blocks, block_size, kv_heads, head_dim, dtype):
+    block_bytes = 2 * block_size * kv_heads * head_dim * (4 if dtype == "float32" else 2)
+    return min(blocks, int(POOL_BYTES // block_bytes))
+
+
 VLLM = [dict(batch=3, heads=hq, kv_heads=hkv, head_dim=d, block_size=bs, dtype=dt, context_lens=cl,
-             num_blocks=pool)
+             num_blocks=_pool(pool, bs, hkv, d, dt))
         for ((hq, hkv), d), bs, cl, pool, dt in zip(
             itertools.product([(4, 4), (8, 2), (5, 1), (40, 40), (64, 8)], [80, 128, 256]),
             itertools.cycle([16, 32]), itertools.cycle([[523, 37, 2011], [1328, 18, 463]]),
