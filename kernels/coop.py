@@ -47,7 +47,7 @@ import torch
 from tilelang.layout import make_swizzled_layout
 
 from kernels import LOG2E
-from kernels.softmax import online_softmax
+from kernels.softmax import alloc_softmax_state, online_softmax
 from ws_lab.check import validate_attention_inputs
 from ws_lab.shapes import Shape
 from ws_lab.target import compile_sm90a
@@ -210,14 +210,8 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
     def consumer(wg, Out, q_s, k_s, v_s, q_full, k_full, k_empty, v_full, v_empty, qt, head,
                  b, loop_range):
         row0 = qt * BLOCK_M + wg * HALF  # first query row of this warpgroup
-        acc_s = T.alloc_fragment([HALF, bn], accum)
-        p = T.alloc_fragment([HALF, bn], dtype)
-        acc_o = T.alloc_fragment([HALF, head_dim_v], accum)
-        row_max = T.alloc_fragment([HALF], accum)
-        row_max_prev = T.alloc_fragment([HALF], accum)
-        row_rescale = T.alloc_fragment([HALF], accum)
-        block_sum = T.alloc_fragment([HALF], accum)
-        row_sum = T.alloc_fragment([HALF], accum)
+        acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum = \
+            alloc_softmax_state(HALF, bn, head_dim_v, dtype)
         T.fill(acc_o, 0)
         T.fill(row_sum, 0)
         T.fill(row_max, neg_inf)

@@ -6,10 +6,10 @@ FA3 counterpart: ``hopper/mainloop_fwd_sm90_tma_gmma_ws.hpp`` ``mma()`` with Int
 register budgets, shared memory, producer and epilogue: ``kernels/coop.py`` (shared, not copied);
 only the consumer's KV loop differs. Per KV block n ≥ 1 of a warpgroup:
 
-  wait K_n → [pingpong sync] → issue S_n = Q K_nᵀ (SS) → O *= rescale of block n-1 (in the QK
-  GEMM's shadow) → wait V_{n-1} → issue O += P_{n-1} V_{n-1} (RS, P in registers) → [pingpong
-  arrive] → wait<1> (S_n retired) → fence S → release K_n → mask + softmax stats of S_n →
-  wait<0> (PV retired) → fence O, P → release V_{n-1} → P_n = S_n in the input dtype.
+  wait K_n → [pingpong sync] → issue S_n = Q K_nᵀ (SS) → wait V_{n-1} → issue O += P_{n-1} V_{n-1}
+  (RS, P in registers) → [pingpong arrive] → wait<1> (S_n retired) → fence S → release K_n →
+  mask + softmax stats of S_n → wait<0> (PV retired) → fence O, P → release V_{n-1} →
+  P_n = S_n in the input dtype, O rescaled.
 
 Block 0 is peeled (S_0 and its softmax, nothing to overlap) and the last PV is drained after the
 loop, so no wgmma group stays in flight across the loop's back edge — ptxas serializes every
@@ -20,7 +20,7 @@ import tilelang.language as T
 
 from kernels import coop
 from kernels.coop import CONSUMER_THREADS, HALF, PASS_CONFIGS  # noqa: F401  (emit reads PASS_CONFIGS)
-from kernels.softmax import rescale_o, softmax_stats
+from kernels.softmax import commit_probs, online_softmax, softmax_stats
 from ws_lab.shapes import Shape
 
 
@@ -35,14 +35,12 @@ def overlap_mainloop(t):
         T.warpgroup_fence_operand(acc_s, num_regs=t.s_regs)
         T.mbarrier_arrive(k_empty[0])
         t.mask(acc_s, 0, row0)
-        softmax_stats(acc_s, row_max, row_max_prev, row_rescale, block_sum, row_sum, HALF, t.bn,
-                      t.scale_log2)
-        T.copy(acc_s, p)
+        online_softmax(acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum,
+                       HALF, t.bn, t.head_dim_v, t.scale_log2)
         for kb in T.serial(1, loop_range):
             stage = kb % t.stages
             prev = (kb - 1) % t.stages
             t.issue_qk(wg, q_s, k_s, k_full, stage, (kb // t.stages) % 2, acc_s)
-            rescale_o(acc_o, row_rescale, HALF, t.head_dim_v)  # in the QK GEMM's shadow
             T.mbarrier_wait_parity(v_full[prev], ((kb - 1) // t.stages) % 2)
             T.wgmma_gemm(p, v_s[prev, :, :], acc_o, clear_accum=False)
             if t.pingpong:
@@ -57,9 +55,8 @@ def overlap_mainloop(t):
             T.warpgroup_fence_operand(acc_o, num_regs=t.o_regs)
             T.warpgroup_fence_operand(p, num_regs=t.p_regs)
             T.mbarrier_arrive(v_empty[prev])
-            T.copy(acc_s, p)
+            commit_probs(acc_s, p, acc_o, row_rescale, HALF, t.head_dim_v)
         last = (loop_range - 1) % t.stages
-        rescale_o(acc_o, row_rescale, HALF, t.head_dim_v)
         T.mbarrier_wait_parity(v_full[last], ((loop_range - 1) // t.stages) % 2)
         T.wgmma_gemm(p, v_s[last, :, :], acc_o, clear_accum=False)
         T.wait_wgmma(0)

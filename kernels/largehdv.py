@@ -38,7 +38,7 @@ from tilelang.layout import make_swizzled_layout
 from kernels import LOG2E
 from kernels.coop import (CONSUMER_THREADS, PASS_CONFIGS, PRODUCER_WARP, NamedBarrier,
                           kv_producer, store_o)
-from kernels.softmax import rescale_o, softmax_stats
+from kernels.softmax import alloc_softmax_state, rescale_o, softmax_stats
 from ws_lab.check import validate_attention_inputs
 from ws_lab.shapes import Shape
 from ws_lab.target import compile_sm90a
@@ -95,14 +95,8 @@ def largehdv_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, 
                    v_full, v_empty, p_full, p_empty, row0, head, b, loop_range):
         """WG1, IntraWGOverlap as in coop_overlap: the QK GEMM and softmax of block n run while
         WG1's own PV GEMM of block n-1 is in flight; then P_n goes to WG2."""
-        acc_s = T.alloc_fragment([BLOCK_M, BLOCK_N], accum)
-        p = T.alloc_fragment([BLOCK_M, BLOCK_N], dtype)
-        acc_o = T.alloc_fragment([BLOCK_M, half_v], accum)
-        row_max = T.alloc_fragment([BLOCK_M], accum)
-        row_max_prev = T.alloc_fragment([BLOCK_M], accum)
-        row_rescale = T.alloc_fragment([BLOCK_M], accum)
-        block_sum = T.alloc_fragment([BLOCK_M], accum)
-        row_sum = T.alloc_fragment([BLOCK_M], accum)
+        acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum = \
+            alloc_softmax_state(BLOCK_M, BLOCK_N, half_v, dtype)
         T.fill(acc_o, 0)
         T.fill(row_sum, 0)
         T.fill(row_max, neg_inf)

@@ -25,7 +25,7 @@ import tilelang.language as T
 import torch
 
 from kernels import LOG2E
-from kernels.softmax import online_softmax
+from kernels.softmax import alloc_softmax_state, online_softmax
 from ws_lab.check import validate_attention_inputs
 from ws_lab.shapes import Shape
 from ws_lab.target import compile_sm90a
@@ -91,14 +91,8 @@ def flash_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dty
             k_s = T.alloc_shared([bn, head_dim], dtype)
             v_s = T.alloc_shared([bn, head_dim_v], dtype)
             o_s = T.alloc_shared([bm, head_dim_v], dtype)
-            acc_s = T.alloc_fragment([bm, bn], accum)
-            p = T.alloc_fragment([bm, bn], dtype)
-            acc_o = T.alloc_fragment([bm, head_dim_v], accum)
-            row_max = T.alloc_fragment([bm], accum)
-            row_max_prev = T.alloc_fragment([bm], accum)
-            row_rescale = T.alloc_fragment([bm], accum)
-            block_sum = T.alloc_fragment([bm], accum)
-            row_sum = T.alloc_fragment([bm], accum)
+            acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum = \
+                alloc_softmax_state(bm, bn, head_dim_v, dtype)
 
             T.copy(Q[bz, bx * bm:(bx + 1) * bm, by, :], q_s)
             T.fill(acc_o, 0)

@@ -6,6 +6,14 @@ Scores are scaled inside exp2 (``scale · log2 e``), so one FFMA per element doe
 import tilelang.language as T
 
 
+def alloc_softmax_state(rows, cols, head_dim_v, dtype, accum="float"):
+    """One warpgroup's online-softmax registers: S (fp32), P (input dtype), O (fp32) and the
+    per-row max, previous max, rescale factor, block sum and running sum."""
+    return (T.alloc_fragment([rows, cols], accum), T.alloc_fragment([rows, cols], dtype),
+            T.alloc_fragment([rows, head_dim_v], accum),
+            *(T.alloc_fragment([rows], accum) for _ in range(5)))
+
+
 @T.macro
 def softmax_stats(acc_s, row_max, row_max_prev, row_rescale, block_sum, row_sum, rows, cols,
                   scale_log2):

@@ -1,6 +1,10 @@
-"""Shared pieces of the GPU correctness grids: case ids and parallel pre-compilation."""
+"""Shared pieces of the GPU correctness grids: case ids, parallel pre-compilation, the
+bitwise-repeatability check and the compute-sanitizer run."""
 import itertools
 import math
+import shutil
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 
@@ -36,3 +40,35 @@ def precompile(cases, build, request=None):
 
 def default_scale(c):
     return c["scale"] or 1.0 / math.sqrt(c["head_dim"])
+
+
+def assert_bitwise_repeatable(entry, qkv, causal, runs=20):
+    """``runs`` calls of ``entry`` on the same inputs, each into a NaN-poisoned output, agree
+    bit for bit."""
+    import torch
+
+    q, k, v = qkv
+    first = entry(q, k, v, causal=causal)
+    for _ in range(runs - 1):
+        out = torch.full_like(first, float("nan"))
+        entry(q, k, v, causal=causal, out=out)
+        assert torch.equal(out, first)
+
+
+SANITIZER_CLEAN = {"memcheck": "ERROR SUMMARY: 0 errors",
+                   "racecheck": "RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)"}
+
+
+def assert_sanitizer_clean(tool, script):
+    """compute-sanitizer ``tool`` over the TileLang kernels (``main_kernel``) that ``script``
+    launches finds nothing; skips where compute-sanitizer is not installed."""
+    import pytest
+
+    sanitizer = shutil.which("compute-sanitizer")
+    if sanitizer is None:
+        pytest.skip("compute-sanitizer not on PATH")
+    done = subprocess.run([sanitizer, f"--tool={tool}", "--kernel-name", "kns=main_kernel",
+                           "--error-exitcode=3", sys.executable, "-c", script],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert SANITIZER_CLEAN[tool] in done.stdout, done.stdout[-3000:]

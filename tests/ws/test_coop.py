@@ -6,14 +6,11 @@ on/off, GQA group cycling through 1/4/8, plus batch 3 and a custom scale — 50 
 (tolerances: ws_lab.check.TOLERANCE). Then, per mainloop: 20 runs on the same inputs give
 bitwise-identical output, and compute-sanitizer's racecheck and memcheck find nothing.
 """
-import shutil
-import subprocess
-import sys
-
 import pytest
 
 from kernels import coop, coop_overlap
-from tests.ws.grid import case_id, default_scale, grid, precompile
+from tests.ws.grid import (assert_bitwise_repeatable, assert_sanitizer_clean, case_id,
+                           default_scale, grid, precompile)
 from ws_lab.check import check_attention, random_qkv
 
 pytestmark = pytest.mark.gpu
@@ -64,12 +61,8 @@ def test_coop_matches_oracle(case):
 def test_coop_is_bitwise_repeatable(entry, causal):
     import torch
 
-    (q, k, v), _ = random_qkv(1, 4096, 32, 8, 128, 128, torch.float16, "cuda")
-    first = entry(q, k, v, causal=causal)
-    for _ in range(19):
-        out = torch.full_like(first, float("nan"))
-        entry(q, k, v, causal=causal, out=out)
-        assert torch.equal(out, first)
+    qkv, _ = random_qkv(1, 4096, 32, 8, 128, 128, torch.float16, "cuda")
+    assert_bitwise_repeatable(entry, qkv, causal)
 
 
 SANITIZED = """
@@ -84,14 +77,4 @@ assert r.ok, r
 @pytest.mark.parametrize("module", ["coop", "coop_overlap"])
 @pytest.mark.parametrize("tool", ["racecheck", "memcheck"])
 def test_coop_sanitizer_clean(tool, module):
-    sanitizer = shutil.which("compute-sanitizer")
-    if sanitizer is None:
-        pytest.skip("compute-sanitizer not on PATH")
-    done = subprocess.run([sanitizer, f"--tool={tool}", "--kernel-name", "kns=main_kernel",
-                           "--error-exitcode=3", sys.executable, "-c",
-                           SANITIZED.format(module=module)],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    clean = {"memcheck": "ERROR SUMMARY: 0 errors",
-             "racecheck": "RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)"}[tool]
-    assert clean in done.stdout, done.stdout[-3000:]
+    assert_sanitizer_clean(tool, SANITIZED.format(module=module))

@@ -5,14 +5,11 @@ cycling through 1/4/8 — 32 cases, plus a custom scale (tolerances: ws_lab.chec
 Then 20 runs on the same inputs give bitwise-identical output, and compute-sanitizer's racecheck
 and memcheck find nothing.
 """
-import shutil
-import subprocess
-import sys
-
 import pytest
 
 from kernels import largehdv
-from tests.ws.grid import case_id, default_scale, grid, precompile
+from tests.ws.grid import (assert_bitwise_repeatable, assert_sanitizer_clean, case_id,
+                           default_scale, grid, precompile)
 from ws_lab.check import check_attention, random_qkv
 
 pytestmark = pytest.mark.gpu
@@ -45,12 +42,8 @@ def test_largehdv_matches_oracle(case):
 def test_largehdv_is_bitwise_repeatable(causal):
     import torch
 
-    (q, k, v), _ = random_qkv(2, 2048, 32, 32, 64, 512, torch.float16, "cuda")
-    first = largehdv.attention(q, k, v, causal=causal)
-    for _ in range(19):
-        out = torch.full_like(first, float("nan"))
-        largehdv.attention(q, k, v, causal=causal, out=out)
-        assert torch.equal(out, first)
+    qkv, _ = random_qkv(2, 2048, 32, 32, 64, 512, torch.float16, "cuda")
+    assert_bitwise_repeatable(largehdv.attention, qkv, causal)
 
 
 SANITIZED = """
@@ -64,13 +57,4 @@ assert r.ok, r
 
 @pytest.mark.parametrize("tool", ["racecheck", "memcheck"])
 def test_largehdv_sanitizer_clean(tool):
-    sanitizer = shutil.which("compute-sanitizer")
-    if sanitizer is None:
-        pytest.skip("compute-sanitizer not on PATH")
-    done = subprocess.run([sanitizer, f"--tool={tool}", "--kernel-name", "kns=main_kernel",
-                           "--error-exitcode=3", sys.executable, "-c", SANITIZED],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    clean = {"memcheck": "ERROR SUMMARY: 0 errors",
-             "racecheck": "RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)"}[tool]
-    assert clean in done.stdout, done.stdout[-3000:]
+    assert_sanitizer_clean(tool, SANITIZED)
