@@ -1,6 +1,7 @@
 """Benchmark the cooperative warp-specialized forward — serial (coop) and IntraWGOverlap
-(coop-overlap) mainloops, each with and without pingpong — against the lab's pipelined baseline,
-TileOPs, and cuDNN / flash / mem-efficient SDPA, in one process.
+(coop-overlap) mainloops, each with and without pingpong, and the persistent overlap kernel
+(coop-overlap-persistent) — against the lab's pipelined baseline, TileOPs, and cuDNN / flash /
+mem-efficient SDPA, in one process.
 
     python bench/coop.py --shape llama8b-4k --shape llama8b-8k --shape train8b-4k
 """
@@ -9,5 +10,5 @@ import sys
 from ws_lab import bench
 
 if __name__ == "__main__":
-    bench.main(["coop-overlap", "coop-overlap-nopp", "coop", "coop-nopp"], ["llama8b-4k"],
+    bench.main(["coop-overlap-persistent", "coop-overlap", "coop-overlap-nopp", "coop", "coop-nopp"], ["llama8b-4k"],
                sys.argv[1:])

@@ -18,6 +18,12 @@ has retired) → fence.proxy.async → named barrier of its 128 threads → TMA 
 The consumer's KV loop is a parameter of ``coop_fwd`` (``serial_mainloop`` here;
 ``kernels/coop_overlap.py`` plugs in FA3's IntraWGOverlap loop and shares everything else).
 
+Persistent (``Config.persistent``, FA3 ``StaticPersistentTileScheduler``; D 64/128): one CTA per
+SM walks tiles cta, cta + #CTAs, … numbered heaviest first; the K/V ring's stage/phase run on
+across tiles (``it0``), Q is double-buffered by tile parity behind q_full[2] / q_empty[2] (256:
+both consumers, once their O store has read the slot), so the next tile's Q and K/V stream in
+while this tile's O is stored. Pingpong's pre-paid turn is taken once per CTA.
+
 Pingpong (``Config.pingpong``, FA3 ``warp_scheduler_barrier_sync/arrive``): a consumer issues
 its QK GEMM only after the other consumer has issued its own, so one warpgroup's GEMMs run
 while the other does softmax.
@@ -28,7 +34,7 @@ TMA bytes), k_empty[s] / v_empty[s] (256: every consumer thread); named barriers
 
 Shared memory (2-byte elements, stages s, block_n bn): Q 128·D + s·bn·(D + Dv); O reuses Q.
   D 64: 16 + 2·128·128 B = 80 KB; D 128: 32 + 128 = 160 KB (bn 128, s 2);
-  D 256: 64 + 2·64·512 B = 192 KB (bn 64, s 2).
+  D 256: 64 + 2·64·512 B = 192 KB (bn 64, s 2). Persistent: Q twice, D 64 96 KB, D 128 192 KB.
 TileLang's automatic barrier insertion is off (``tl.disable_thread_storage_sync``): it would put
 ``__syncthreads()`` where only some warpgroups arrive. Its shared-memory reuse is off too
 (``tl.disable_shared_memory_reuse``): without those syncs, reusing a buffer's bytes for another
@@ -50,7 +56,7 @@ from kernels import LOG2E
 from kernels.softmax import alloc_softmax_state, online_softmax
 from ws_lab.check import validate_attention_inputs
 from ws_lab.shapes import Shape
-from ws_lab.target import compile_sm90a
+from ws_lab.target import H100_SMS, compile_sm90a
 
 BLOCK_M = 128  # two consumer warpgroups × 64 rows
 HALF = BLOCK_M // 2
@@ -79,6 +85,7 @@ class Config:
     num_stages: int
     pingpong: bool
     heavy_first: bool = False
+    persistent: bool = False  # one CTA per SM walking a static, heavy-first list of tiles
 
 
 CONFIGS = {
@@ -87,11 +94,14 @@ CONFIGS = {
     256: Config(64, 2, True),
 }
 HEAD_DIMS = sorted((d, d) for d in CONFIGS)
+PERSISTENT_HEAD_DIMS = [(64, 64), (128, 128)]
 
 
-def config_for(head_dim: int, causal: bool, pingpong: bool = True) -> Config:
+def config_for(head_dim: int, causal: bool, pingpong: bool = True,
+               persistent: bool = False) -> Config:
     base = CONFIGS[head_dim]
-    return Config(base.block_n, base.num_stages, pingpong, heavy_first=causal)
+    return Config(base.block_n, base.num_stages, pingpong, heavy_first=causal,
+                  persistent=persistent)
 
 
 def kv_producer(bn: int, stages: int, v_parts: int = 1):
@@ -100,10 +110,10 @@ def kv_producer(bn: int, stages: int, v_parts: int = 1):
     slices v_s[stage, part] when a consumer warpgroup owns each slice, as in largehdv)."""
 
     @T.macro
-    def produce(K, V, k_s, v_s, k_full, k_empty, v_full, v_empty, b, kv_head, loop_range):
+    def produce(K, V, k_s, v_s, k_full, k_empty, v_full, v_empty, b, kv_head, loop_range, it0=0):
         for kb in T.serial(loop_range):
-            stage = kb % stages
-            phase = (kb // stages) % 2
+            stage = (it0 + kb) % stages  # it0: blocks this CTA streamed for earlier tiles
+            phase = ((it0 + kb) // stages) % 2
             T.mbarrier_wait_parity(k_empty[stage], phase ^ 1)
             T.tma_copy(K[b, kb * bn:(kb + 1) * bn, kv_head, :], k_s[stage, :, :],
                        barrier=k_full[stage])
@@ -138,11 +148,12 @@ def serial_mainloop(t):
 
     @T.macro
     def mainloop(wg, row0, q_s, k_s, v_s, k_full, k_empty, v_full, v_empty, loop_range,
-                 acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum):
+                 acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum, slot,
+                 it0):
         for kb in T.serial(loop_range):
-            stage = kb % t.stages
-            phase = (kb // t.stages) % 2
-            t.issue_qk(wg, q_s, k_s, k_full, stage, phase, acc_s)
+            stage = (it0 + kb) % t.stages
+            phase = ((it0 + kb) // t.stages) % 2
+            t.issue_qk(wg, q_s, slot, k_s, k_full, stage, phase, acc_s)
             if t.pingpong:
                 T.named_barrier_arrive(t.schedulers[1 - wg], CONSUMER_THREADS)
             T.wait_wgmma(0)
@@ -163,7 +174,7 @@ def serial_mainloop(t):
 
 
 def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtype, softmax_scale,
-             cfg: Config, mainloop_factory=serial_mainloop):
+             cfg: Config, mainloop_factory=serial_mainloop, num_ctas=H100_SMS):
     """q (B,S,Hq,D), k (B,S,Hkv,D), v (B,S,Hkv,Dv) -> out (B,S,Hq,Dv). The producer, consumer
     setup and epilogue are shared; ``mainloop_factory(t)`` gives the consumer's KV loop."""
     bn, stages = cfg.block_n, cfg.num_stages
@@ -192,12 +203,13 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
                     acc_s[i, j] = T.if_then_else(kb * bn + j < seq_len, acc_s[i, j], neg_inf)
 
     @T.macro
-    def issue_qk(wg, q_s, k_s, k_full, stage, phase, acc_s):
+    def issue_qk(wg, q_s, slot, k_s, k_full, stage, phase, acc_s):
         """Wait for K, take this warpgroup's pingpong turn, issue S = Q Kᵀ (no wait)."""
         T.mbarrier_wait_parity(k_full[stage], phase)
         if cfg.pingpong:
             T.sync_threads(schedulers[wg], CONSUMER_THREADS)
-        T.wgmma_gemm(q_s[wg, :, :], k_s[stage, :, :], acc_s, transpose_B=True, clear_accum=True)
+        T.wgmma_gemm(q_s[slot, wg, :, :], k_s[stage, :, :], acc_s, transpose_B=True,
+                     clear_accum=True)
 
     t = SimpleNamespace(bn=bn, stages=stages, pingpong=cfg.pingpong, schedulers=schedulers,
                         s_regs=s_regs, o_regs=o_regs, p_regs=HALF * bn // 256,
@@ -207,80 +219,170 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
     produce_kv = kv_producer(bn, stages)
 
     @T.macro
-    def consumer(wg, Out, q_s, k_s, v_s, q_full, k_full, k_empty, v_full, v_empty, qt, head,
-                 b, loop_range):
+    def consumer(wg, Out, q_s, k_s, v_s, q_full, q_empty, k_full, k_empty, v_full, v_empty, qt,
+                 head, b, loop_range, slot=0, use=0, it0=0, first=True):
+        """One consumer warpgroup's tile. Persistent kernels pass the tile's Q slot, how often
+        the slot was used before, the KV blocks streamed for earlier tiles and whether this is
+        the CTA's first tile."""
         row0 = qt * BLOCK_M + wg * HALF  # first query row of this warpgroup
         acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum = \
             alloc_softmax_state(HALF, bn, head_dim_v, dtype)
         T.fill(acc_o, 0)
         T.fill(row_sum, 0)
         T.fill(row_max, neg_inf)
-        T.mbarrier_wait_parity(q_full, 0)
+        T.mbarrier_wait_parity(q_full[slot], use % 2)
         if cfg.pingpong and wg == 1:
-            # WG1 goes first: WG2 pre-pays its arrival on WG1's scheduler barrier.
-            T.named_barrier_arrive(schedulers[0], CONSUMER_THREADS)
+            if first:
+                # WG1 goes first: WG2 pre-pays its arrival on WG1's scheduler barrier.
+                T.named_barrier_arrive(schedulers[0], CONSUMER_THREADS)
         mainloop(wg, row0, q_s, k_s, v_s, k_full, k_empty, v_full, v_empty, loop_range,
-                 acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum)
+                 acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum, slot,
+                 it0)
 
         for i, j in T.Parallel(HALF, head_dim_v):
             acc_o[i, j] /= row_sum[i]
         # this warpgroup's Q rows are dead once its last QK GEMM retired
-        store_o(acc_o, q_s[wg, :, :], Out[b, row0:row0 + HALF, head, :], epilogues[wg])
+        store_o(acc_o, q_s[slot, wg, :, :], Out[b, row0:row0 + HALF, head, :], epilogues[wg])
+        if cfg.persistent:
+            # the store's TMA has read the slot (its issuing thread waited): hand it back
+            T.sync_threads(epilogues[wg], 128)
+            T.mbarrier_arrive(q_empty[slot])
 
-    @T.prim_func
-    def main(
-        Q: T.Tensor([batch, seq_len, heads, head_dim], dtype),
-        K: T.Tensor([batch, seq_len, kv_heads, head_dim], dtype),
-        V: T.Tensor([batch, seq_len, kv_heads, head_dim_v], dtype),
-        Out: T.Tensor([batch, seq_len, heads, head_dim_v], dtype),
-    ):
-        grid = (heads, n_qtiles, batch) if cfg.heavy_first else (n_qtiles, heads, batch)
-        with T.Kernel(*grid, threads=CONSUMER_THREADS + 128) as (gx, gy, b):
-            qt = n_qtiles - 1 - gy if cfg.heavy_first else gx
-            head = gx if cfg.heavy_first else gy
-            q_s = T.alloc_shared([2, HALF, head_dim], dtype)
-            k_s = T.alloc_shared([stages, bn, head_dim], dtype)
-            v_s = T.alloc_shared([stages, bn, head_dim_v], dtype)
-            T.annotate_layout({q_s: make_swizzled_layout(q_s), k_s: make_swizzled_layout(k_s),
-                               v_s: make_swizzled_layout(v_s)})
-            q_full = T.alloc_barrier(PRODUCER_WARP)
-            k_full = T.alloc_barrier([PRODUCER_WARP] * stages)
-            v_full = T.alloc_barrier([PRODUCER_WARP] * stages)
-            k_empty = T.alloc_barrier([CONSUMER_THREADS] * stages)
-            v_empty = T.alloc_barrier([CONSUMER_THREADS] * stages)
-            loop_range = T.min(n_kblocks, T.ceildiv((qt + 1) * BLOCK_M, bn)) if causal else n_kblocks
-            kv_head = head // group
-            tx = T.get_thread_binding()
-            if tx >= CONSUMER_THREADS:
-                T.set_max_nreg(24, 0)
-                if tx < CONSUMER_THREADS + PRODUCER_WARP:
-                    for wg in T.unroll(2):
-                        T.tma_copy(Q[b, qt * BLOCK_M + wg * HALF:qt * BLOCK_M + (wg + 1) * HALF,
-                                     head, :], q_s[wg, :, :], barrier=q_full)
-                    T.mbarrier_arrive(q_full)
-                    produce_kv(K, V, k_s, v_s, k_full, k_empty, v_full, v_empty, b, kv_head,
-                               loop_range)
-            elif tx < 128:
-                T.set_max_nreg(240, 1)
-                consumer(0, Out, q_s, k_s, v_s, q_full, k_full, k_empty, v_full, v_empty, qt,
-                         head, b, loop_range)
-            else:
-                T.set_max_nreg(240, 1)
-                consumer(1, Out, q_s, k_s, v_s, q_full, k_full, k_empty, v_full, v_empty, qt,
-                         head, b, loop_range)
+    @T.macro
+    def producer(Q, K, V, q_s, k_s, v_s, q_full, q_empty, k_full, k_empty, v_full, v_empty, qt,
+                 head, b, loop_range, slot=0, use=0, it0=0):
+        """The producer warp's tile: both Q halves into the tile's slot, then the KV stream."""
+        if cfg.persistent:
+            T.mbarrier_wait_parity(q_empty[slot], (use % 2) ^ 1)
+        for wg in T.unroll(2):
+            T.tma_copy(Q[b, qt * BLOCK_M + wg * HALF:qt * BLOCK_M + (wg + 1) * HALF, head, :],
+                       q_s[slot, wg, :, :], barrier=q_full[slot])
+        T.mbarrier_arrive(q_full[slot])
+        produce_kv(K, V, k_s, v_s, k_full, k_empty, v_full, v_empty, b, head // group,
+                   loop_range, it0)
 
-    return main
+    def kv_blocks(qt):
+        return T.min(n_kblocks, T.ceildiv((qt + 1) * BLOCK_M, bn)) if causal else n_kblocks
+
+    def regular_kernel():
+        @T.prim_func
+        def main(
+            Q: T.Tensor([batch, seq_len, heads, head_dim], dtype),
+            K: T.Tensor([batch, seq_len, kv_heads, head_dim], dtype),
+            V: T.Tensor([batch, seq_len, kv_heads, head_dim_v], dtype),
+            Out: T.Tensor([batch, seq_len, heads, head_dim_v], dtype),
+        ):
+            grid = (heads, n_qtiles, batch) if cfg.heavy_first else (n_qtiles, heads, batch)
+            with T.Kernel(*grid, threads=CONSUMER_THREADS + 128) as (gx, gy, b):
+                qt = n_qtiles - 1 - gy if cfg.heavy_first else gx
+                head = gx if cfg.heavy_first else gy
+                q_s = T.alloc_shared([1, 2, HALF, head_dim], dtype)
+                k_s = T.alloc_shared([stages, bn, head_dim], dtype)
+                v_s = T.alloc_shared([stages, bn, head_dim_v], dtype)
+                T.annotate_layout({q_s: make_swizzled_layout(q_s), k_s: make_swizzled_layout(k_s),
+                                   v_s: make_swizzled_layout(v_s)})
+                q_full = T.alloc_barrier(PRODUCER_WARP)
+                k_full = T.alloc_barrier([PRODUCER_WARP] * stages)
+                v_full = T.alloc_barrier([PRODUCER_WARP] * stages)
+                k_empty = T.alloc_barrier([CONSUMER_THREADS] * stages)
+                v_empty = T.alloc_barrier([CONSUMER_THREADS] * stages)
+                loop_range = kv_blocks(qt)
+                tx = T.get_thread_binding()
+                if tx >= CONSUMER_THREADS:
+                    T.set_max_nreg(24, 0)
+                    if tx < CONSUMER_THREADS + PRODUCER_WARP:
+                        producer(Q, K, V, q_s, k_s, v_s, q_full, None, k_full, k_empty, v_full,
+                                 v_empty, qt, head, b, loop_range)
+                elif tx < 128:
+                    T.set_max_nreg(240, 1)
+                    consumer(0, Out, q_s, k_s, v_s, q_full, None, k_full, k_empty, v_full, v_empty,
+                             qt, head, b, loop_range)
+                else:
+                    T.set_max_nreg(240, 1)
+                    consumer(1, Out, q_s, k_s, v_s, q_full, None, k_full, k_empty, v_full, v_empty,
+                             qt, head, b, loop_range)
+
+        return main
+
+    def persistent_kernel(num_ctas):
+        """One CTA per SM (``num_ctas``) walks tiles cta, cta + num_ctas, …, numbered heaviest
+        first when ``cfg.heavy_first``; Q is double-buffered (slot = tile parity), so the next
+        tile's Q loads while this tile's O is stored from the other slot."""
+        num_tiles = n_qtiles * heads * batch
+        ctas = min(num_ctas, num_tiles)
+
+        def tile_coords(tile):
+            rank = tile // (heads * batch)
+            qt = n_qtiles - 1 - rank if cfg.heavy_first else rank
+            return qt, tile % heads, tile // heads % batch
+
+        @T.prim_func
+        def main(
+            Q: T.Tensor([batch, seq_len, heads, head_dim], dtype),
+            K: T.Tensor([batch, seq_len, kv_heads, head_dim], dtype),
+            V: T.Tensor([batch, seq_len, kv_heads, head_dim_v], dtype),
+            Out: T.Tensor([batch, seq_len, heads, head_dim_v], dtype),
+        ):
+            with T.Kernel(ctas, threads=CONSUMER_THREADS + 128) as cta:
+                q_s = T.alloc_shared([2, 2, HALF, head_dim], dtype)
+                k_s = T.alloc_shared([stages, bn, head_dim], dtype)
+                v_s = T.alloc_shared([stages, bn, head_dim_v], dtype)
+                T.annotate_layout({q_s: make_swizzled_layout(q_s),
+                                   k_s: make_swizzled_layout(k_s),
+                                   v_s: make_swizzled_layout(v_s)})
+                q_full = T.alloc_barrier([PRODUCER_WARP] * 2)
+                q_empty = T.alloc_barrier([CONSUMER_THREADS] * 2)
+                k_full = T.alloc_barrier([PRODUCER_WARP] * stages)
+                v_full = T.alloc_barrier([PRODUCER_WARP] * stages)
+                k_empty = T.alloc_barrier([CONSUMER_THREADS] * stages)
+                v_empty = T.alloc_barrier([CONSUMER_THREADS] * stages)
+                my_tiles = T.ceildiv(num_tiles - cta, ctas)
+                tx = T.get_thread_binding()
+                if tx >= CONSUMER_THREADS:
+                    T.set_max_nreg(24, 0)
+                    if tx < CONSUMER_THREADS + PRODUCER_WARP:
+                        it0 = T.alloc_var("int32", init=0)
+                        for i in T.serial(my_tiles):
+                            qt, head, b = tile_coords(cta + i * ctas)
+                            producer(Q, K, V, q_s, k_s, v_s, q_full, q_empty, k_full, k_empty,
+                                     v_full, v_empty, qt, head, b, kv_blocks(qt), i % 2,
+                                     i // 2, it0)
+                            it0 += kv_blocks(qt)
+                elif tx < 128:
+                    T.set_max_nreg(240, 1)
+                    it0 = T.alloc_var("int32", init=0)
+                    for i in T.serial(my_tiles):
+                        qt, head, b = tile_coords(cta + i * ctas)
+                        consumer(0, Out, q_s, k_s, v_s, q_full, q_empty, k_full, k_empty, v_full,
+                                 v_empty, qt, head, b, kv_blocks(qt), i % 2, i // 2, it0, i == 0)
+                        it0 += kv_blocks(qt)
+                else:
+                    T.set_max_nreg(240, 1)
+                    it0 = T.alloc_var("int32", init=0)
+                    for i in T.serial(my_tiles):
+                        qt, head, b = tile_coords(cta + i * ctas)
+                        consumer(1, Out, q_s, k_s, v_s, q_full, q_empty, k_full, k_empty, v_full,
+                                 v_empty, qt, head, b, kv_blocks(qt), i % 2, i // 2, it0, i == 0)
+                        it0 += kv_blocks(qt)
+
+        return main
+
+    return persistent_kernel(num_ctas) if cfg.persistent else regular_kernel()
 
 
-def supports(shape: Shape) -> bool:
-    return (shape.head_dim, shape.head_dim_v) in HEAD_DIMS
+def supports(shape: Shape, pingpong: bool = True, persistent: bool = False) -> bool:
+    # persistent double-buffers Q: at D 256 that is 128 KB of Q beside 128 KB of K/V
+    return (shape.head_dim, shape.head_dim_v) in (PERSISTENT_HEAD_DIMS if persistent else HEAD_DIMS)
 
 
-def prim_func_for(shape: Shape, pingpong: bool = True, mainloop_factory=serial_mainloop):
-    """The prim_func the lab runs for a named shape (used by ``ws_lab.emit``)."""
+def prim_func_for(shape: Shape, pingpong: bool = True, mainloop_factory=serial_mainloop,
+                  persistent: bool = False):
+    """The prim_func the lab runs for a named shape (used by ``ws_lab.emit``; a persistent grid
+    is sized for the H100's 132 SMs)."""
     return coop_fwd(shape.batch, shape.seq_len, shape.heads, shape.kv_heads, shape.head_dim,
                     shape.head_dim_v, shape.causal, shape.dtype, 1.0 / math.sqrt(shape.head_dim),
-                    config_for(shape.head_dim, shape.causal, pingpong), mainloop_factory)
+                    config_for(shape.head_dim, shape.causal, pingpong, persistent),
+                    mainloop_factory)
 
 
 @functools.lru_cache(maxsize=None)
@@ -290,14 +392,17 @@ def compiled(*args):
 
 
 def attention(q, k, v, causal=False, softmax_scale=None, out=None, pingpong: bool = True,
-              mainloop_factory=serial_mainloop):
-    """BSHD GQA forward. q (B,S,Hq,D), k (B,S,Hkv,D), v (B,S,Hkv,D) fp16/bf16 on CUDA; D 64/128/256."""
-    dims = validate_attention_inputs(q, k, v, supported_head_dims=HEAD_DIMS, out=out,
-                                     softmax_scale=softmax_scale)
-    cfg = config_for(dims.head_dim, bool(causal), pingpong)
+              mainloop_factory=serial_mainloop, persistent: bool = False):
+    """BSHD GQA forward. q (B,S,Hq,D), k (B,S,Hkv,D), v (B,S,Hkv,D) fp16/bf16 on CUDA; D 64/128/256
+    (64/128 when persistent)."""
+    dims = validate_attention_inputs(
+        q, k, v, supported_head_dims=PERSISTENT_HEAD_DIMS if persistent else HEAD_DIMS, out=out,
+        softmax_scale=softmax_scale)
+    cfg = config_for(dims.head_dim, bool(causal), pingpong, persistent)
+    extra = (torch.cuda.get_device_properties(q.device).multi_processor_count,) if persistent else ()
     kernel = compiled(dims.batch, dims.seq_len, dims.heads, dims.kv_heads, dims.head_dim,
                       dims.head_dim_v, bool(causal), dims.tl_dtype, dims.softmax_scale, cfg,
-                      mainloop_factory)
+                      mainloop_factory, *extra)
     if out is None:
         out = torch.empty(*q.shape[:3], dims.head_dim_v, dtype=q.dtype, device=q.device)
     kernel(q, k, v, out)

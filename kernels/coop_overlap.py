@@ -27,21 +27,23 @@ from ws_lab.shapes import Shape
 def overlap_mainloop(t):
     @T.macro
     def mainloop(wg, row0, q_s, k_s, v_s, k_full, k_empty, v_full, v_empty, loop_range,
-                 acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum):
-        t.issue_qk(wg, q_s, k_s, k_full, 0, 0, acc_s)
+                 acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum, slot,
+                 it0):
+        first = it0 % t.stages  # it0: blocks the CTA streamed for earlier tiles (persistent)
+        t.issue_qk(wg, q_s, slot, k_s, k_full, first, (it0 // t.stages) % 2, acc_s)
         if t.pingpong:
             T.named_barrier_arrive(t.schedulers[1 - wg], CONSUMER_THREADS)
         T.wait_wgmma(0)
         T.warpgroup_fence_operand(acc_s, num_regs=t.s_regs)
-        T.mbarrier_arrive(k_empty[0])
+        T.mbarrier_arrive(k_empty[first])
         t.mask(acc_s, 0, row0)
         online_softmax(acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum,
                        HALF, t.bn, t.head_dim_v, t.scale_log2)
         for kb in T.serial(1, loop_range):
-            stage = kb % t.stages
-            prev = (kb - 1) % t.stages
-            t.issue_qk(wg, q_s, k_s, k_full, stage, (kb // t.stages) % 2, acc_s)
-            T.mbarrier_wait_parity(v_full[prev], ((kb - 1) // t.stages) % 2)
+            stage = (it0 + kb) % t.stages
+            prev = (it0 + kb - 1) % t.stages
+            t.issue_qk(wg, q_s, slot, k_s, k_full, stage, ((it0 + kb) // t.stages) % 2, acc_s)
+            T.mbarrier_wait_parity(v_full[prev], ((it0 + kb - 1) // t.stages) % 2)
             T.wgmma_gemm(p, v_s[prev, :, :], acc_o, clear_accum=False)
             if t.pingpong:
                 T.named_barrier_arrive(t.schedulers[1 - wg], CONSUMER_THREADS)
@@ -56,8 +58,8 @@ def overlap_mainloop(t):
             T.warpgroup_fence_operand(p, num_regs=t.p_regs)
             T.mbarrier_arrive(v_empty[prev])
             commit_probs(acc_s, p, acc_o, row_rescale, HALF, t.head_dim_v)
-        last = (loop_range - 1) % t.stages
-        T.mbarrier_wait_parity(v_full[last], ((loop_range - 1) // t.stages) % 2)
+        last = (it0 + loop_range - 1) % t.stages
+        T.mbarrier_wait_parity(v_full[last], ((it0 + loop_range - 1) // t.stages) % 2)
         T.wgmma_gemm(p, v_s[last, :, :], acc_o, clear_accum=False)
         T.wait_wgmma(0)
         T.warpgroup_fence_operand(acc_o, num_regs=t.o_regs)
@@ -66,14 +68,16 @@ def overlap_mainloop(t):
     return mainloop
 
 
-def supports(shape: Shape) -> bool:
-    return coop.supports(shape)
+def supports(shape: Shape, pingpong: bool = True, persistent: bool = False) -> bool:
+    return coop.supports(shape, persistent)
 
 
-def prim_func_for(shape: Shape, pingpong: bool = True):
-    return coop.prim_func_for(shape, pingpong, overlap_mainloop)
+def prim_func_for(shape: Shape, pingpong: bool = True, persistent: bool = False):
+    return coop.prim_func_for(shape, pingpong, overlap_mainloop, persistent)
 
 
-def attention(q, k, v, causal=False, softmax_scale=None, out=None, pingpong: bool = True):
+def attention(q, k, v, causal=False, softmax_scale=None, out=None, pingpong: bool = True,
+              persistent: bool = False):
     """BSHD GQA forward (as ``kernels.coop.attention``) with the IntraWGOverlap mainloop."""
-    return coop.attention(q, k, v, causal, softmax_scale, out, pingpong, overlap_mainloop)
+    return coop.attention(q, k, v, causal, softmax_scale, out, pingpong, overlap_mainloop,
+                          persistent)

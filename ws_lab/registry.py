@@ -28,7 +28,7 @@ class Kernel:
         return functools.partial(self._mod().attention, **dict(self.options))
 
     def supports(self, shape: Shape) -> bool:
-        return self._mod().supports(shape)
+        return self._mod().supports(shape, **dict(self.options))
 
     @property
     def pass_configs(self) -> dict:
@@ -61,6 +61,7 @@ _register("coop", "kernels.coop", pingpong=True)
 _register("coop-nopp", "kernels.coop", pingpong=False)
 _register("coop-overlap", "kernels.coop_overlap", pingpong=True)
 _register("coop-overlap-nopp", "kernels.coop_overlap", pingpong=False)
+_register("coop-overlap-persistent", "kernels.coop_overlap", pingpong=True, persistent=True)
 _register("largehdv", "kernels.largehdv")
 _register("triton-mha", "kernels.triton_mha")
 

@@ -1,6 +1,9 @@
 """The one TileLang target of the lab: Hopper with its arch-specific features (wgmma, setmaxnreg)."""
 
 SM90A = {"kind": "cuda", "arch": "sm_90a"}
+# SMs of the lab's H100 SXM: persistent kernels lowered without a GPU (ws_lab.emit) size
+# their grid for it; on a GPU they ask the device.
+H100_SMS = 132
 
 
 def compile_sm90a(func, pass_configs=None):

@@ -34,13 +34,15 @@ def test_coop_compiles_warp_specialized(tmp_path, kernel, head_dim):
 
 
 @needs_nvcc
-@pytest.mark.parametrize("kernel", ["coop-overlap", "coop-overlap-nopp"])
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("kernel,head_dim", [
+    (k, d) for k in ("coop-overlap", "coop-overlap-nopp") for d in (64, 128, 256)] + [
+    ("coop-overlap-persistent", d) for d in (64, 128)])
 def test_overlap_exists_in_the_machine_code(tmp_path, kernel, head_dim):
     """In each mainloop iteration the QK HGMMA group is issued before the WARPGROUP.DEPBAR that
     retires the previous PV group (DEPBAR.LE 1 after an SS + RS window); coop fails the check."""
     overlap = emit.inspect(emit.lower(kernel, shape_for(head_dim)), tmp_path / "overlap")
-    serial = emit.inspect(emit.lower(kernel.replace("-overlap", ""), shape_for(head_dim)),
+    serial = emit.inspect(emit.lower(kernel.replace("-overlap", "").replace("-persistent", ""),
+                                     shape_for(head_dim)),
                           tmp_path / "serial")
     assert sass.overlaps_gemm_and_softmax(overlap)
     assert not sass.overlaps_gemm_and_softmax(serial)
@@ -68,3 +70,18 @@ def test_roles_and_barriers_match_the_docstring(pingpong):
         expected |= {coop.NamedBarrier.WARP_SCHEDULER_WG1, coop.NamedBarrier.WARP_SCHEDULER_WG2}
     assert named == {int(b) for b in expected}
     assert "__syncthreads();" in src and src.count("__syncthreads();") == 1  # barrier init only
+
+
+def test_persistent_roles_and_barriers():
+    """Persistent coop: one CTA per SM of the H100 (132) walking tiles; Q double-buffered behind
+    q_full[2] (32) / q_empty[2] (256: both consumers, after their O store has read the slot)."""
+    many_tiles = shapes.Shape("codegen", 2, 32, 8, 4096, 128, 128, True)  # 2048 tiles > 132
+    src = emit.lower("coop-overlap-persistent", many_tiles).source
+    assert "__launch_bounds__(384, 1)" in src
+    assert re.search(r"for \(int i = 0; i < \(\(\d+ - \(\(int\)blockIdx.x\)\) / 132\)", src)
+    inits = re.findall(r"\b(\w+)\[\d+\]\.init\((\d+)\)", src)
+    assert sorted(n for name, n in inits if name.startswith("q_")) == ["256", "256", "32", "32"]
+    assert len(re.findall(r"q_empty\[\(i & 1\)\]\.wait\(", src)) == 1  # producer, per tile
+    assert len(re.findall(r"q_empty\[\(\w+ & 1\)\]\.arrive\(\)", src)) == 2  # each consumer
+    assert src.count("tma_store_wait<0, true>") == 2
+    assert src.count("warpgroup_reg_dealloc<24>") == 1 and src.count("warpgroup_reg_alloc<240>") == 2

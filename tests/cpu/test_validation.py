@@ -80,3 +80,9 @@ LARGEHDV_CASES = [
 def test_largehdv_refuses_bad_input_before_launch(qkv, kwargs, exc, message):
     with pytest.raises(exc, match=message):
         largehdv.attention(*qkv, **kwargs)
+
+
+def test_persistent_coop_refuses_head_dim_256():
+    q, k, v = good(d=256, dv=256)
+    with pytest.raises(ValueError, match=r"unsupported head dim \(D=256, Dv=256\)"):
+        coop.attention(q, k, v, persistent=True)

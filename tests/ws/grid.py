@@ -12,7 +12,8 @@ def case_id(c):
     return (f"D{c['head_dim']}-{c['head_dim_v']}-{c['dtype']}-{'causal' if c['causal'] else 'full'}"
             f"-S{c['seq_len']}-B{c['batch']}-g{c['heads'] // c['kv_heads']}"
             + (f"-scale{c['scale']}" if c.get("scale") else "")
-            + ("" if c.get("pingpong", True) else "-nopp"))
+            + ("" if c.get("pingpong", True) else "-nopp")
+            + ("-persistent" if c.get("persistent") else ""))
 
 
 def grid(head_dims, groups, ragged, kv_heads=2, batch=1, seq_len=4096, **extra):

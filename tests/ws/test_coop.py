@@ -2,10 +2,13 @@
 IntraWGOverlap mainloop) vs the float64 oracle on the H100.
 
 Grid per mainloop: D ∈ {64, 128, 256} × fp16/bf16 × causal/full × S ∈ {4096, ragged} × pingpong
-on/off, GQA group cycling through 1/4/8, plus batch 3 and a custom scale — 50 cases each
-(tolerances: ws_lab.check.TOLERANCE). Then, per mainloop: 20 runs on the same inputs give
-bitwise-identical output, and compute-sanitizer's racecheck and memcheck find nothing.
+on/off, GQA group cycling through 1/4/8, plus batch 3 and a custom scale — 50 cases each;
+the persistent overlap kernel (D 64/128) 18 more (tolerances: ws_lab.check.TOLERANCE). Then,
+per variant: 20 runs on the same inputs give bitwise-identical output, and compute-sanitizer's
+racecheck and memcheck find nothing.
 """
+import functools
+
 import pytest
 
 from kernels import coop, coop_overlap
@@ -24,6 +27,13 @@ CASES = [dict(c, mainloop=name) for name in MAINLOOPS for c in (
              dtype="float16", scale=None, pingpong=True),
         dict(batch=3, seq_len=130, heads=6, kv_heads=3, head_dim=64, head_dim_v=64, causal=False,
              dtype="bfloat16", scale=0.2, pingpong=True)])]
+# persistent (overlap mainloop, D 64/128): a few tiles per CTA, ragged tails, batch 3
+CASES += [dict(c, mainloop="overlap", persistent=True) for c in (
+    grid(coop.PERSISTENT_HEAD_DIMS, groups=[1, 4, 8], ragged=[1000, 4097, 333], pingpong=True) + [
+        dict(batch=3, seq_len=777, heads=8, kv_heads=2, head_dim=128, head_dim_v=128, causal=True,
+             dtype="float16", scale=None, pingpong=True),
+        dict(batch=2, seq_len=8192, heads=32, kv_heads=8, head_dim=128, head_dim_v=128,
+             causal=True, dtype="bfloat16", scale=None, pingpong=True)])]
 
 
 def _id(c):
@@ -31,10 +41,14 @@ def _id(c):
 
 
 def _build(c):
+    import torch
+
+    persistent = c.get("persistent", False)
+    sms = (torch.cuda.get_device_properties(0).multi_processor_count,) if persistent else ()
     coop.compiled(c["batch"], c["seq_len"], c["heads"], c["kv_heads"], c["head_dim"],
                   c["head_dim_v"], c["causal"], c["dtype"], default_scale(c),
-                  coop.config_for(c["head_dim"], c["causal"], c["pingpong"]),
-                  MAINLOOPS[c["mainloop"]])
+                  coop.config_for(c["head_dim"], c["causal"], c["pingpong"], persistent),
+                  MAINLOOPS[c["mainloop"]], *sms)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -44,19 +58,22 @@ def precompiled(request):
 
 @pytest.mark.parametrize("case", CASES, ids=_id)
 def test_coop_matches_oracle(case):
-    import functools
-
     import torch
 
     fn = functools.partial(coop.attention, pingpong=case["pingpong"],
-                           mainloop_factory=MAINLOOPS[case["mainloop"]])
+                           mainloop_factory=MAINLOOPS[case["mainloop"]],
+                           persistent=case.get("persistent", False))
     result = check_attention(fn, case["batch"], case["seq_len"], case["heads"], case["kv_heads"],
                              case["head_dim"], case["head_dim_v"], case["causal"],
                              getattr(torch, case["dtype"]), softmax_scale=case["scale"])
     assert result.ok, f"{_id(case)}: {result}"
 
 
-@pytest.mark.parametrize("entry", [coop.attention, coop_overlap.attention], ids=list(MAINLOOPS))
+ENTRIES = {"serial": coop.attention, "overlap": coop_overlap.attention,
+           "persistent": functools.partial(coop_overlap.attention, persistent=True)}
+
+
+@pytest.mark.parametrize("entry", list(ENTRIES.values()), ids=list(ENTRIES))
 @pytest.mark.parametrize("causal", [False, True])
 def test_coop_is_bitwise_repeatable(entry, causal):
     import torch
@@ -66,15 +83,18 @@ def test_coop_is_bitwise_repeatable(entry, causal):
 
 
 SANITIZED = """
+import functools
 import torch
-from kernels import {module}
+from kernels import coop, coop_overlap
 from ws_lab.check import check_attention
-r = check_attention({module}.attention, 1, 300, 4, 2, 64, 64, True, torch.float16)
+r = check_attention({entry}, 1, 300, 4, 2, 64, 64, True, torch.float16)
 assert r.ok, r
 """
 
 
-@pytest.mark.parametrize("module", ["coop", "coop_overlap"])
+@pytest.mark.parametrize("entry", ["coop.attention", "coop_overlap.attention",
+                                   "functools.partial(coop_overlap.attention, persistent=True)"],
+                         ids=list(ENTRIES))
 @pytest.mark.parametrize("tool", ["racecheck", "memcheck"])
-def test_coop_sanitizer_clean(tool, module):
-    assert_sanitizer_clean(tool, SANITIZED.format(module=module))
+def test_coop_sanitizer_clean(tool, entry):
+    assert_sanitizer_clean(tool, SANITIZED.format(entry=entry))
