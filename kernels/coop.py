@@ -53,7 +53,7 @@ import torch
 from tilelang.layout import make_swizzled_layout
 
 from kernels import LOG2E
-from kernels.softmax import alloc_softmax_state, online_softmax
+from kernels.softmax import alloc_softmax_state, online_softmax, score_mask
 from ws_lab.check import validate_attention_inputs
 from ws_lab.shapes import Shape
 from ws_lab.target import H100_SMS, compile_sm90a
@@ -189,18 +189,7 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
     schedulers = (NamedBarrier.WARP_SCHEDULER_WG1, NamedBarrier.WARP_SCHEDULER_WG2)
     epilogues = (NamedBarrier.EPILOGUE_WG1, NamedBarrier.EPILOGUE_WG2)
 
-    @T.macro
-    def mask(acc_s, kb, row0):
-        """-inf where key kb·bn + j is in the future of row row0 + i (causal) or past S (ragged);
-        only blocks that need it pay."""
-        if causal:
-            if (kb + 1) * bn > row0:  # the block reaches past this warpgroup's first row
-                for i, j in T.Parallel(HALF, bn):
-                    acc_s[i, j] = T.if_then_else(row0 + i >= kb * bn + j, acc_s[i, j], neg_inf)
-        elif seq_len % bn:
-            if kb == n_kblocks - 1:
-                for i, j in T.Parallel(HALF, bn):
-                    acc_s[i, j] = T.if_then_else(kb * bn + j < seq_len, acc_s[i, j], neg_inf)
+    mask = score_mask(causal, seq_len, HALF, bn, accum)
 
     @T.macro
     def issue_qk(wg, q_s, slot, k_s, k_full, stage, phase, acc_s):
@@ -316,6 +305,16 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
             qt = n_qtiles - 1 - rank if cfg.heavy_first else rank
             return qt, tile % heads, tile // heads % batch
 
+        @T.macro
+        def consumer_tiles(wg, Out, q_s, k_s, v_s, q_full, q_empty, k_full, k_empty, v_full,
+                           v_empty, cta, my_tiles):
+            it0 = T.alloc_var("int32", init=0)  # KV blocks consumed for earlier tiles
+            for i in T.serial(my_tiles):
+                qt, head, b = tile_coords(cta + i * ctas)
+                consumer(wg, Out, q_s, k_s, v_s, q_full, q_empty, k_full, k_empty, v_full,
+                         v_empty, qt, head, b, kv_blocks(qt), i % 2, i // 2, it0, i == 0)
+                it0 += kv_blocks(qt)
+
         @T.prim_func
         def main(
             Q: T.Tensor([batch, seq_len, heads, head_dim], dtype),
@@ -350,20 +349,12 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
                             it0 += kv_blocks(qt)
                 elif tx < 128:
                     T.set_max_nreg(240, 1)
-                    it0 = T.alloc_var("int32", init=0)
-                    for i in T.serial(my_tiles):
-                        qt, head, b = tile_coords(cta + i * ctas)
-                        consumer(0, Out, q_s, k_s, v_s, q_full, q_empty, k_full, k_empty, v_full,
-                                 v_empty, qt, head, b, kv_blocks(qt), i % 2, i // 2, it0, i == 0)
-                        it0 += kv_blocks(qt)
+                    consumer_tiles(0, Out, q_s, k_s, v_s, q_full, q_empty, k_full, k_empty,
+                                   v_full, v_empty, cta, my_tiles)
                 else:
                     T.set_max_nreg(240, 1)
-                    it0 = T.alloc_var("int32", init=0)
-                    for i in T.serial(my_tiles):
-                        qt, head, b = tile_coords(cta + i * ctas)
-                        consumer(1, Out, q_s, k_s, v_s, q_full, q_empty, k_full, k_empty, v_full,
-                                 v_empty, qt, head, b, kv_blocks(qt), i % 2, i // 2, it0, i == 0)
-                        it0 += kv_blocks(qt)
+                    consumer_tiles(1, Out, q_s, k_s, v_s, q_full, q_empty, k_full, k_empty,
+                                   v_full, v_empty, cta, my_tiles)
 
         return main
 

@@ -38,7 +38,7 @@ from tilelang.layout import make_swizzled_layout
 from kernels import LOG2E
 from kernels.coop import (CONSUMER_THREADS, PASS_CONFIGS, PRODUCER_WARP, NamedBarrier,
                           kv_producer, store_o)
-from kernels.softmax import alloc_softmax_state, rescale_o, softmax_stats
+from kernels.softmax import alloc_softmax_state, rescale_o, score_mask, softmax_stats
 from ws_lab.check import validate_attention_inputs
 from ws_lab.shapes import Shape
 from ws_lab.target import compile_sm90a
@@ -65,17 +65,7 @@ def largehdv_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, 
     n_kblocks = (seq_len + BLOCK_N - 1) // BLOCK_N
     produce_kv = kv_producer(BLOCK_N, STAGES, v_parts=2)
 
-    @T.macro
-    def mask(acc_s, kb, row0):
-        """-inf for keys in the future (causal: the diagonal block only) or past S (ragged)."""
-        if causal:
-            if kb * BLOCK_N + BLOCK_N > row0:
-                for i, j in T.Parallel(BLOCK_M, BLOCK_N):
-                    acc_s[i, j] = T.if_then_else(row0 + i >= kb * BLOCK_N + j, acc_s[i, j], neg_inf)
-        elif seq_len % BLOCK_N:
-            if kb == n_kblocks - 1:
-                for i, j in T.Parallel(BLOCK_M, BLOCK_N):
-                    acc_s[i, j] = T.if_then_else(kb * BLOCK_N + j < seq_len, acc_s[i, j], neg_inf)
+    mask = score_mask(causal, seq_len, BLOCK_M, BLOCK_N, accum)
 
     @T.macro
     def publish_p(acc_s, row_rescale, p_s, rescale_s, p_full, p_empty, kb):

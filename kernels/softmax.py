@@ -14,6 +14,28 @@ def alloc_softmax_state(rows, cols, head_dim_v, dtype, accum="float"):
             *(T.alloc_fragment([rows], accum) for _ in range(5)))
 
 
+def score_mask(causal: bool, seq_len: int, rows: int, block_n: int, accum="float"):
+    """The mask macro of a forward kernel: ``mask(acc_s, kb, row0)`` sets -inf where key
+    kb·block_n + j is in the future of query row0 + i (causal) or past S (ragged S); only the
+    blocks that need it pay (the diagonal ones, the ragged last one)."""
+    neg_inf = -T.infinity(accum)
+    n_kblocks = (seq_len + block_n - 1) // block_n
+
+    @T.macro
+    def mask(acc_s, kb, row0):
+        if causal:
+            if (kb + 1) * block_n > row0:  # the block reaches past the tile's first row
+                for i, j in T.Parallel(rows, block_n):
+                    acc_s[i, j] = T.if_then_else(row0 + i >= kb * block_n + j, acc_s[i, j],
+                                                 neg_inf)
+        elif seq_len % block_n:
+            if kb == n_kblocks - 1:
+                for i, j in T.Parallel(rows, block_n):
+                    acc_s[i, j] = T.if_then_else(kb * block_n + j < seq_len, acc_s[i, j], neg_inf)
+
+    return mask
+
+
 @T.macro
 def softmax_stats(acc_s, row_max, row_max_prev, row_rescale, block_sum, row_sum, rows, cols,
                   scale_log2):
