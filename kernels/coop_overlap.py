@@ -29,13 +29,13 @@ def overlap_mainloop(t):
     def mainloop(wg, row0, q_s, k_s, v_s, k_full, k_empty, v_full, v_empty, loop_range,
                  acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum, slot,
                  it0):
-        first = it0 % t.stages  # it0: blocks the CTA streamed for earlier tiles (persistent)
-        t.issue_qk(wg, q_s, slot, k_s, k_full, first, (it0 // t.stages) % 2, acc_s)
+        stage0 = it0 % t.stages  # it0: blocks the CTA streamed for earlier tiles (persistent)
+        t.issue_qk(wg, q_s, slot, k_s, k_full, stage0, (it0 // t.stages) % 2, acc_s)
         if t.pingpong:
             T.named_barrier_arrive(t.schedulers[1 - wg], CONSUMER_THREADS)
         T.wait_wgmma(0)
         T.warpgroup_fence_operand(acc_s, num_regs=t.s_regs)
-        T.mbarrier_arrive(k_empty[first])
+        T.mbarrier_arrive(k_empty[stage0])
         t.mask(acc_s, 0, row0)
         online_softmax(acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum,
                        HALF, t.bn, t.head_dim_v, t.scale_log2)
