@@ -9,6 +9,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+from kernels import paged
 from ws_lab import bench_paged as bp
 
 ROWS = [bp.PagedRow("llama7b-2k", 8, 32, 32, 2048), bp.PagedRow("llama7b-8k", 8, 32, 32, 8192),
@@ -18,26 +19,40 @@ ROWS = [bp.PagedRow("llama7b-2k", 8, 32, 32, 2048), bp.PagedRow("llama7b-8k", 8,
 MODES = ("v1", "gqa", "split_k", "auto")
 
 
-TUNE_ROWS = [ROWS[2], ROWS[5], ROWS[6]]  # llama3-8b B8, llama70b B8, mqa: auto furthest from SDPA
+# Small-KV rows (split_k's reduce and short segments weigh most there) and llama3-8b B8.
+TUNE_ROWS = [ROWS[1], ROWS[2], ROWS[4], ROWS[6]]
 
 
-def tune(copy_gbps):
-    """Times gqa and split_k over launch configs on TUNE_ROWS (each config checked first)."""
+def tune(copy_gbps, json_path=None):
+    """Times split_k over launch configs on TUNE_ROWS (each config checked against the oracle
+    first) and prints them ranked by the geometric mean over the rows of time / the row's best;
+    returns the winner (``--config`` takes it)."""
     import itertools
+    import math
 
-    from kernels import paged
-
-    grid = [paged.LaunchConfig(t, w, s, waves) for t, w, s, waves in
-            itertools.product((64, 128), (4, 8), (2, 3), (2, 4))]
-    for row in TUNE_ROWS:
-        results = []
-        for mode, cfg in itertools.product(("gqa", "split_k"), grid):
-            if mode == "gqa" and cfg.waves != 2:
-                continue
-            r = bp.measure_row(row, [mode], copy_gbps, with_peers=False, config=cfg)
-            results.append((r.us[mode], mode, cfg, r.errors[mode]))
-        for us, mode, cfg, err in sorted(results, key=lambda t: t[0])[:6]:
-            print(f"{row.name} B{row.batch}: {mode} {cfg}: {us:.1f} µs (rel-err {err:.1e})")
+    grid = [paged.LaunchConfig(*c) for c in
+            itertools.product((64, 128), (4, 8), (2, 3), (2, 4), (0, 8))]
+    us = {cfg: [] for cfg in grid}
+    for row, cfg in itertools.product(TUNE_ROWS, grid):
+        r = bp.measure_row(row, ["split_k"], copy_gbps, with_peers=False, config=cfg)
+        assert r.errors["split_k"] < 2e-3, (row, cfg, r.errors)
+        us[cfg].append(r.us["split_k"])
+    best = [min(t[i] for t in us.values()) for i in range(len(TUNE_ROWS))]
+    score = {cfg: math.exp(sum(math.log(t / b) for t, b in zip(ts, best)) / len(best))
+             for cfg, ts in us.items()}
+    print("| config (tile,warps,stages,waves,scratch_div) | " + " | ".join(
+        f"{r.name} B{r.batch} µs" for r in TUNE_ROWS) + " | geomean ×best |")
+    print("|---|" + "---|" * (len(TUNE_ROWS) + 1))
+    for cfg in sorted(grid, key=score.get)[:12]:
+        print(f"| {cfg} | " + " | ".join(f"{t:.1f}" for t in us[cfg]) + f" | {score[cfg]:.3f} |")
+    default = paged.DEFAULTS["split_k"]
+    print(f"| (default {default}) | " + " | ".join(
+        f"{t:.1f}" for t in us.get(default, [float("nan")] * len(best))) + " | |")
+    winner = min(grid, key=score.get)
+    if json_path:
+        json_path.write_text(json.dumps({str(c): us[c] for c in grid}, indent=1))
+    print(f"\nbest: --config {winner}")
+    return winner
 
 
 def main():
@@ -45,12 +60,13 @@ def main():
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--block-size", type=int, nargs="+", default=[16])
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--tune", action="store_true", help="sweep launch configs on three rows")
+    ap.add_argument("--tune", action="store_true", help="sweep split_k launch configs on TUNE_ROWS")
+    ap.add_argument("--config", help="launch config 'tile,warps,stages,waves[,scratch_div]' "
+                                     "(default: each mode's kernels.paged.DEFAULTS)")
     args = ap.parse_args()
     import torch
 
     if not torch.cuda.is_available():
-        from kernels import paged
         from ws_lab import triton_static
 
         print("no CUDA device: printing the static report (sm_90 SASS summary of the gqa and "
@@ -62,11 +78,13 @@ def main():
     copy = bp.copy_bandwidth_gbps()
     print(f"{torch.cuda.get_device_name()}: device copy {copy:.0f} GB/s (read + write)\n")
     if args.tune:
-        return tune(copy)
+        return tune(copy, args.json)
+    config = None if args.config is None else paged.LaunchConfig.parse(args.config)
     rows = bp.sweep_rows() if args.sweep else [
         bp.PagedRow(r.name, r.batch, r.heads, r.kv_heads, r.context, block_size=bs)
         for r in ROWS for bs in args.block_size]
-    results = [bp.measure_row(r, MODES, copy, with_peers=not args.sweep) for r in rows]
+    results = [bp.measure_row(r, MODES, copy, with_peers=not args.sweep, config=config)
+               for r in rows]
     print(bp.rule_table(results) if args.sweep else bp.table(results, MODES))
     hits, total = bp.within(results)
     print(f"\nauto within 5 % of the best mode on {hits}/{total} rows")

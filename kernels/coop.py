@@ -19,7 +19,7 @@ The consumer's KV loop is a parameter of ``coop_fwd`` (``serial_mainloop`` here;
 ``kernels/coop_overlap.py`` plugs in FA3's IntraWGOverlap loop and shares everything else).
 
 Persistent (``Config.persistent``, FA3 ``StaticPersistentTileScheduler``; D 64/128): one CTA per
-SM walks tiles cta, cta + #CTAs, … numbered heaviest first; the K/V ring's stage/phase run on
+SM walks one tile per round, numbered heaviest first, rounds zigzagging; the K/V ring's stage/phase run on
 across tiles (``it0``), Q is double-buffered by tile parity behind q_full[2] / q_empty[2] (256:
 both consumers, once their O store has read the slot), so the next tile's Q and K/V stream in
 while this tile's O is stored. Pingpong's pre-paid turn is taken once per CTA.
@@ -294,13 +294,23 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
         return main
 
     def persistent_kernel(num_ctas):
-        """One CTA per SM (``num_ctas``) walks tiles cta, cta + num_ctas, …, numbered heaviest
-        first when ``cfg.heavy_first``; Q is double-buffered (slot = tile parity), so the next
-        tile's Q loads while this tile's O is stored from the other slot."""
+        """One CTA per SM (``num_ctas``) walks one tile per round, rounds alternating direction
+        (zigzag: CTA c takes tile c of even rounds and tile #CTAs-1-c of odd ones), tiles
+        numbered heaviest first when ``cfg.heavy_first``, heads fastest. Without the zigzag CTA
+        0 took the heaviest tile of every causal round (measured: slower than the
+        non-persistent grid). Q is double-buffered (slot = tile parity), so the next tile's Q
+        loads while this tile's O is stored from the other slot."""
         num_tiles = n_qtiles * heads * batch
         ctas = min(num_ctas, num_tiles)
+        rounds, partial = divmod(num_tiles, ctas)
 
-        def tile_coords(tile):
+        def tiles_of(cta):
+            # the last, partial round runs from the low CTAs on even rounds, the high on odd
+            in_partial = cta < partial if rounds % 2 == 0 else ctas - 1 - cta < partial
+            return rounds + T.cast(in_partial, "int32")
+
+        def tile_coords(i, cta):
+            tile = i * ctas + T.if_then_else(i % 2 == 0, cta, ctas - 1 - cta)
             rank = tile // (heads * batch)
             qt = n_qtiles - 1 - rank if cfg.heavy_first else rank
             return qt, tile % heads, tile // heads % batch
@@ -310,7 +320,7 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
                            v_empty, cta, my_tiles):
             it0 = T.alloc_var("int32", init=0)  # KV blocks consumed for earlier tiles
             for i in T.serial(my_tiles):
-                qt, head, b = tile_coords(cta + i * ctas)
+                qt, head, b = tile_coords(i, cta)
                 consumer(wg, Out, q_s, k_s, v_s, q_full, q_empty, k_full, k_empty, v_full,
                          v_empty, qt, head, b, kv_blocks(qt), i % 2, i // 2, it0, i == 0)
                 it0 += kv_blocks(qt)
@@ -335,14 +345,14 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
                 v_full = T.alloc_barrier([PRODUCER_WARP] * stages)
                 k_empty = T.alloc_barrier([CONSUMER_THREADS] * stages)
                 v_empty = T.alloc_barrier([CONSUMER_THREADS] * stages)
-                my_tiles = T.ceildiv(num_tiles - cta, ctas)
+                my_tiles = tiles_of(cta)
                 tx = T.get_thread_binding()
                 if tx >= CONSUMER_THREADS:
                     T.set_max_nreg(24, 0)
                     if tx < CONSUMER_THREADS + PRODUCER_WARP:
                         it0 = T.alloc_var("int32", init=0)
                         for i in T.serial(my_tiles):
-                            qt, head, b = tile_coords(cta + i * ctas)
+                            qt, head, b = tile_coords(i, cta)
                             producer(Q, K, V, q_s, k_s, v_s, q_full, q_empty, k_full, k_empty,
                                      v_full, v_empty, qt, head, b, kv_blocks(qt), i % 2,
                                      i // 2, it0)

@@ -9,8 +9,9 @@ CUDA-graph capturable):
   gqa      grid (B, Hkv): the group's Hq/Hkv query heads as one tile (padded to ≥ 16 rows for
            ``tl.dot``), so each K/V tile is loaded once per group.
   split_k  grid (B, Hkv, segments): each program covers ``segment_tokens`` of the context and
-           writes unnormalized (m, l, acc) to scratch; a reduce kernel (B, Hq) merges them.
-           Segments past a sequence's length write m = -inf, l = 0 and vanish in the reduce.
+           writes its (m, l) and its normalized partial O (input dtype) to scratch; a reduce
+           kernel (B, Hq) merges them. Segments past a sequence's length write m = -inf, l = 0
+           and vanish in the reduce.
   auto     picks one of the three from the shape (``choose_mode``; rule from NOTES.md's sweep).
 
 Tokens are gathered per row through the block table (row t: block ``block_table[b, t //
@@ -36,13 +37,27 @@ class LaunchConfig:
     num_warps: int
     num_stages: int
     waves: int  # split_k: aim for this many waves of (B, Hkv, segment) programs
+    # split_k: cap the segments so the scratch round trip (each query head's partial O, written
+    # and read back: group · segments / context of the K/V bytes) stays within 1/scratch_div of
+    # the K/V read; 0: no cap.
+    scratch_div: int = 0
+
+    @classmethod
+    def parse(cls, text: str) -> "LaunchConfig":
+        """'tile_n,num_warps,num_stages,waves[,scratch_div]' (the form bench/paged.py prints)."""
+        return cls(*(int(x) for x in text.split(",")))
+
+    def __str__(self):
+        return f"{self.tile_n},{self.num_warps},{self.num_stages},{self.waves},{self.scratch_div}"
 
 
-# From `python bench/paged.py --tune` on the H100 (NOTES.md, 2026-11-22): the only config in the
-# top six of two of the three tuned rows (llama3-8b B8 37.2 µs, llama70b B8 39.0 µs; MQA B16 not
-# in its top six, > 34.1 µs). The first default (tile 32, 4 warps, 2 stages, 2 waves) measured
-# 70.8 / 113.3 / 118.7 µs there.
-DEFAULT = LaunchConfig(tile_n=128, num_warps=8, num_stages=2, waves=4)
+# Per mode, from `python bench/paged.py --tune` on the H100 (NOTES.md, 2026-11-22, session 3):
+# split_k's config has the best geometric mean over the four tuned rows (llama7b-8k, llama3-8b B8,
+# llama70b B4, MQA B16); gqa (B·Hkv ≥ SMs, one program per KV head, streaming at the HBM floor)
+# keeps 128-token tiles on 8 warps, 3–7 % faster there than split_k's 64 on 4.
+DEFAULTS = {"v1": LaunchConfig(tile_n=128, num_warps=8, num_stages=2, waves=4),
+            "gqa": LaunchConfig(tile_n=128, num_warps=8, num_stages=2, waves=4),
+            "split_k": LaunchConfig(tile_n=64, num_warps=4, num_stages=2, waves=4, scratch_div=8)}
 TILE_BYTES = 32 * 1024  # one K (or V) tile; keeps num_stages × (K + V) tiles within shared memory
 
 
@@ -147,7 +162,11 @@ def _decode_gqa_kernel(Q, K, V, BlockTable, ContextLens, Out, MScratch, LScratch
         row = (b * tl.num_programs(1) * GROUP + heads) * n_seg + seg  # scratch (B, Hq, segments)
         tl.store(MScratch + row, m, mask=g_ok)
         tl.store(LScratch + row, l, mask=g_ok)
-        tl.store(AccScratch + row[:, None] * D_PAD + d[None, :], acc, mask=g_ok[:, None])
+        # Normalized, in the input dtype (vLLM v2 and FlashInfer keep partial outputs so): half
+        # the scratch bytes of fp32; an empty segment (l = 0) stores zeros.
+        part = tl.where(l[:, None] > 0, acc / l[:, None], 0.0)
+        tl.store(AccScratch + row[:, None] * D_PAD + d[None, :],
+                 part.to(AccScratch.dtype.element_ty), mask=g_ok[:, None])
     else:
         out = acc / l[:, None]
         tl.store(Out + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
@@ -165,11 +184,11 @@ def _split_reduce_kernel(MScratch, LScratch, AccScratch, Out, n_seg, stride_ob, 
     m = tl.load(MScratch + row0 + s, mask=s_ok, other=float("-inf"))
     l = tl.load(LScratch + row0 + s, mask=s_ok, other=0.0)
     d = tl.arange(0, D_PAD)
-    acc = tl.load(AccScratch + (row0 + s)[:, None] * D_PAD + d[None, :], mask=s_ok[:, None],
-                  other=0.0)
+    part = tl.load(AccScratch + (row0 + s)[:, None] * D_PAD + d[None, :], mask=s_ok[:, None],
+                   other=0.0).to(tl.float32)
     m_all = tl.max(m, axis=0)
-    w = tl.exp2(m - m_all)  # empty segments: exp2(-inf) = 0
-    out = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
+    w = l * tl.exp2(m - m_all)  # each segment's share of the softmax mass; empty ones: 0
+    out = tl.sum(part * w[:, None], axis=0) / tl.sum(w, axis=0)
     tl.store(Out + b * stride_ob + h * stride_oh + d, out.to(Out.dtype.element_ty), mask=d < D)
 
 
@@ -225,22 +244,31 @@ def _sm_count(device) -> int:
     return 132  # the interpreter: plan for an H100
 
 
-def segments_for(batch, kv_heads, max_tokens, sm_count, cfg: LaunchConfig = DEFAULT) -> int:
-    """Enough (B, Hkv, segment) programs for ``cfg.waves`` waves, each segment at least a tile."""
-    wanted = math.ceil(cfg.waves * sm_count / (batch * kv_heads))
-    return max(1, min(wanted, math.ceil(max_tokens / cfg.tile_n)))
+def segments_for(batch, kv_heads, group, max_tokens, sm_count,
+                 cfg: LaunchConfig = DEFAULTS["split_k"], tile=None) -> int:
+    """Enough (B, Hkv, segment) programs for ``cfg.waves`` waves, each segment at least one tile
+    of ``tile`` tokens (default ``cfg.tile_n``), within ``cfg.scratch_div``'s scratch cap."""
+    n_seg = min(math.ceil(cfg.waves * sm_count / (batch * kv_heads)),
+                math.ceil(max_tokens / (tile or cfg.tile_n)))
+    if cfg.scratch_div:
+        n_seg = min(n_seg, max_tokens // (cfg.scratch_div * group))
+    return max(1, n_seg)
 
 
 def choose_mode(batch, heads, kv_heads, max_tokens, sm_count) -> str:
-    """The ``auto`` rule (derived from the sweep in NOTES.md, "paged decode: auto rule")."""
+    """The ``auto`` rule, from the 59-shape sweep (NOTES.md, Triton paged decode, session 3):
+    gqa won every shape with B·Hkv ≥ 256, split_k all but one with B·Hkv ≤ 128 — once one
+    program per KV head fills the SMs, the split's scratch round trip and second launch buy
+    nothing."""
     if batch * kv_heads >= sm_count:
         return "gqa"
     return "split_k"
 
 
 def paged_attention(q, k_cache, v_cache, block_table, context_lens, *, mode="auto",
-                    softmax_scale=None, out=None, config: LaunchConfig = DEFAULT):
-    """Decode attention: q (B, Hq, D) against the paged cache -> (B, Hq, D) in q's dtype."""
+                    softmax_scale=None, out=None, config: LaunchConfig | None = None):
+    """Decode attention: q (B, Hq, D) against the paged cache -> (B, Hq, D) in q's dtype.
+    ``config`` overrides the mode's launch config (``DEFAULTS``) — for tuning."""
     _validate(q, k_cache, v_cache, block_table, context_lens, mode, softmax_scale)
     batch, heads, head_dim = q.shape
     _, block_size, kv_heads, _ = k_cache.shape
@@ -249,6 +277,7 @@ def paged_attention(q, k_cache, v_cache, block_table, context_lens, *, mode="aut
     sm_count = _sm_count(q.device)
     if mode == "auto":
         mode = choose_mode(batch, heads, kv_heads, max_tokens, sm_count)
+    config = config or DEFAULTS[mode]
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
     if out is None:
         out = torch.empty_like(q)
@@ -272,12 +301,12 @@ def paged_attention(q, k_cache, v_cache, block_table, context_lens, *, mode="aut
             q, k_cache, v_cache, block_table, context_lens, out, out, out, out, scale * LOG2E,
             max_tokens, *common, SPLIT=False, **meta)
         return out
-    n_seg = segments_for(batch, kv_heads, max_tokens, sm_count, config)
+    n_seg = segments_for(batch, kv_heads, group, max_tokens, sm_count, config, tile)
     segment_tokens = math.ceil(max_tokens / n_seg / tile) * tile
     n_seg = math.ceil(max_tokens / segment_tokens)
     m_scratch = torch.empty(batch, heads, n_seg, dtype=torch.float32, device=q.device)
     l_scratch = torch.empty_like(m_scratch)
-    acc_scratch = torch.empty(batch, heads, n_seg, d_pad, dtype=torch.float32, device=q.device)
+    acc_scratch = torch.empty(batch, heads, n_seg, d_pad, dtype=q.dtype, device=q.device)
     _decode_gqa_kernel[(batch, kv_heads, n_seg)](
         q, k_cache, v_cache, block_table, context_lens, out, m_scratch, l_scratch, acc_scratch,
         scale * LOG2E, segment_tokens, *common, SPLIT=True, **meta)
@@ -287,8 +316,9 @@ def paged_attention(q, k_cache, v_cache, block_table, context_lens, *, mode="aut
     return out
 
 
-def static_specs(heads, kv_heads, head_dim, block_size, dtype="float16", config=DEFAULT):
-    """sm_90 specializations of the gqa and split_k kernels, for the no-GPU static report."""
+def static_specs(heads, kv_heads, head_dim, block_size, dtype="float16"):
+    """sm_90 specializations of the gqa and split_k kernels (each with its mode's launch config),
+    for the no-GPU static report."""
     from ws_lab.triton_static import StaticSpec
 
     elem = {"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32"}[dtype]
@@ -296,11 +326,14 @@ def static_specs(heads, kv_heads, head_dim, block_size, dtype="float16", config=
     group = heads // kv_heads
     types = {n: "i32" for n in _decode_gqa_kernel.arg_names}
     types.update(Q=elem, K=elem, V=elem, Out=elem, BlockTable="*i32", ContextLens="*i32",
-                 MScratch="*fp32", LScratch="*fp32", AccScratch="*fp32", scale_log2="fp32")
-    meta = dict(GROUP=group, G_PAD=max(MIN_DOT_ROWS, triton.next_power_of_2(group)), D=head_dim,
-                D_PAD=d_pad, BLOCK_SIZE=block_size,
-                TILE=tile_for(config, d_pad, 4 if dtype == "float32" else 2),
-                IEEE=dtype == "float32")
-    options = dict(num_warps=config.num_warps, num_stages=config.num_stages)
-    return [StaticSpec(f"decode_{mode}", _decode_gqa_kernel, types, dict(meta, SPLIT=split),
-                       options) for mode, split in (("gqa", False), ("split_k", True))]
+                 MScratch="*fp32", LScratch="*fp32", AccScratch=elem, scale_log2="fp32")
+    specs = []
+    for mode, split in (("gqa", False), ("split_k", True)):
+        config = DEFAULTS[mode]
+        meta = dict(GROUP=group, G_PAD=max(MIN_DOT_ROWS, triton.next_power_of_2(group)),
+                    D=head_dim, D_PAD=d_pad, BLOCK_SIZE=block_size, SPLIT=split,
+                    TILE=tile_for(config, d_pad, 4 if dtype == "float32" else 2),
+                    IEEE=dtype == "float32")
+        specs.append(StaticSpec(f"decode_{mode}", _decode_gqa_kernel, types, meta,
+                                dict(num_warps=config.num_warps, num_stages=config.num_stages)))
+    return specs

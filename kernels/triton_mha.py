@@ -1,8 +1,9 @@
 """Flash-attention forward in Triton (MHA/GQA, BSHD through strides), as a torch custom op.
 
 Counterpart: FlashAttention-2's forward (one program per (Q tile, batch·head), K/V streamed
-with an online softmax). Causal programs stop at the diagonal (loop skip) and only the blocks
-that straddle it pay for the mask (``IS_CAUSAL`` constexpr); configs are autotuned per
+with an online softmax). Causal programs stop at the diagonal (loop skip), only the blocks
+that straddle it pay for the mask (``IS_CAUSAL`` constexpr), and the grid launches the longest
+Q tiles first; configs are autotuned per
 (S, D, IS_CAUSAL). ``torch.ops.ws_lab.triton_mha`` has a fake (meta) implementation, so a model
 calling it compiles under ``torch.compile(fullgraph=True)`` without a graph break.
 """
@@ -18,10 +19,12 @@ from ws_lab.check import validate_attention_inputs
 HEAD_DIMS = [(d, d) for d in (64, 128)]
 
 # The interpreter (CPU tests) cannot benchmark: it gets one config, so autotuning is skipped.
-_TUNED = [(128, 64, 3, 8), (128, 128, 3, 8), (128, 64, 4, 4), (64, 64, 4, 4), (128, 32, 4, 4),
-          (64, 128, 3, 4)]
+# (BLOCK_M, BLOCK_N, stages, warps); the last three for short sequences (S 512, GPT-2), where
+# 128-row tiles leave SMs idle.
+_TUNED = [(128, 64, 3, 8), (128, 128, 3, 8), (128, 128, 2, 8), (128, 64, 4, 4), (64, 64, 4, 4),
+          (128, 32, 4, 4), (64, 128, 3, 4), (64, 32, 4, 4), (32, 64, 4, 4), (64, 64, 3, 4)]
 CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_stages=s, num_warps=w)
-           for bm, bn, s, w in (_TUNED[3:4] if os.environ.get("TRITON_INTERPRET") == "1" else _TUNED)]
+           for bm, bn, s, w in ([(64, 64, 4, 4)] if os.environ.get("TRITON_INTERPRET") == "1" else _TUNED)]
 
 
 @triton.jit
@@ -34,14 +37,15 @@ def _attend(acc, l_i, m_i, q, K, V, stride_kn, stride_vn, offs_d, start, stop, o
                         other=0.0)
         else:
             k = tl.load(K + offs_n[:, None] * stride_kn + offs_d[None, :])
-        s = tl.dot(q, tl.trans(k)) * scale_log2
+        s = tl.dot(q, tl.trans(k))
         if MASKED:
             keep = offs_n[None, :] < S
             if IS_CAUSAL:
                 keep = keep & (offs_m[:, None] >= offs_n[None, :])
             s = tl.where(keep, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        p = tl.exp2(s - m_new[:, None])
+        # Scores stay unscaled: one FFMA per element scales and shifts them inside exp2.
+        m_new = tl.maximum(m_i, tl.max(s, axis=1) * scale_log2)
+        p = tl.exp2(s * scale_log2 - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         if MASKED:
@@ -49,7 +53,8 @@ def _attend(acc, l_i, m_i, q, K, V, stride_kn, stride_vn, offs_d, start, stop, o
                         other=0.0)
         else:
             v = tl.load(V + offs_n[:, None] * stride_vn + offs_d[None, :])
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        # O accumulates inside the MMA (no second accumulator and add).
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
         m_i = m_new
     return acc, l_i, m_i
 
@@ -61,8 +66,14 @@ def _mha_fwd_kernel(Q, K, V, Out, scale_log2, S, H, GROUP,
                     stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh,
                     D: tl.constexpr, IS_CAUSAL: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
+    if IS_CAUSAL:
+        # Grid (B·H, Q tiles), Q tiles reversed: every head's longest tiles launch first and the
+        # shortest fill the last wave (LPT order; the tail is what a causal grid loses).
+        bh = tl.program_id(0)
+        pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
+    else:
+        pid_m = tl.program_id(0)
+        bh = tl.program_id(1)
     b = bh // H
     h = bh % H
     kvh = h // GROUP
@@ -92,7 +103,10 @@ def _mha_fwd_kernel(Q, K, V, Out, scale_log2, S, H, GROUP,
 
 def _launch(q, k, v, out, causal, scale):
     batch, seq, heads, head_dim = q.shape
-    grid = lambda meta: (triton.cdiv(seq, meta["BLOCK_M"]), batch * heads)  # noqa: E731
+    if causal:
+        grid = lambda meta: (batch * heads, triton.cdiv(seq, meta["BLOCK_M"]))  # noqa: E731
+    else:
+        grid = lambda meta: (triton.cdiv(seq, meta["BLOCK_M"]), batch * heads)  # noqa: E731
     _mha_fwd_kernel[grid](q, k, v, out, scale * LOG2E, seq, heads, heads // k.shape[2],
                           *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
                           D=head_dim, IS_CAUSAL=causal)

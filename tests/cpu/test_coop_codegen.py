@@ -73,12 +73,15 @@ def test_roles_and_barriers_match_the_docstring(pingpong):
 
 
 def test_persistent_roles_and_barriers():
-    """Persistent coop: one CTA per SM of the H100 (132) walking tiles; Q double-buffered behind
-    q_full[2] (32) / q_empty[2] (256: both consumers, after their O store has read the slot)."""
+    """Persistent coop: one CTA per SM of the H100 (132) walking tiles in zigzag rounds; Q
+    double-buffered behind q_full[2] (32) / q_empty[2] (256: both consumers, after their O store
+    has read the slot)."""
     many_tiles = shapes.Shape("codegen", 2, 32, 8, 4096, 128, 128, True)  # 2048 tiles > 132
     src = emit.lower("coop-overlap-persistent", many_tiles).source
     assert "__launch_bounds__(384, 1)" in src
-    assert re.search(r"for \(int i = 0; i < \(\(\d+ - \(\(int\)blockIdx.x\)\) / 132\)", src)
+    # 2048 tiles = 15 zigzag rounds + 68: round 15 runs backwards, so CTAs 64..131 take 16
+    assert "for (int i = 0; i < (((int)(63 < ((int)blockIdx.x))) + 15); ++i)" in src
+    assert "(131 - ((int)blockIdx.x))" in src  # odd rounds walk the CTAs backwards
     inits = re.findall(r"\b(\w+)\[\d+\]\.init\((\d+)\)", src)
     assert sorted(n for name, n in inits if name.startswith("q_")) == ["256", "256", "32", "32"]
     assert len(re.findall(r"q_empty\[\(i & 1\)\]\.wait\(", src)) == 1  # producer, per tile

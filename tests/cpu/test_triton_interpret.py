@@ -95,11 +95,14 @@ def test_llama_block_compiles_without_graph_break():
 def test_launch_plan_depends_on_shapes_only():
     from kernels import paged
 
-    assert paged.tile_for(paged.DEFAULT, 128, 2) == 128
-    assert paged.tile_for(paged.DEFAULT, 256, 2) == 64  # 32 KB tiles: D 256 halves the tile
-    assert paged.tile_for(paged.DEFAULT, 256, 4) == 32
-    assert paged.segments_for(8, 8, 2048, 132) == 9  # ceil(4 waves · 132 SMs / 64 programs)
-    assert paged.segments_for(1, 1, 64, 132) == 1  # never more segments than tiles
+    gqa = paged.DEFAULTS["gqa"]
+    assert paged.tile_for(gqa, 128, 2) == 128
+    assert paged.tile_for(gqa, 256, 2) == 64  # 32 KB tiles: D 256 halves the tile
+    assert paged.tile_for(gqa, 256, 4) == 32
+    assert paged.segments_for(8, 8, 4, 2048, 132) == 9  # ceil(4 waves · 132 SMs / 64 programs)
+    assert paged.segments_for(1, 1, 1, 64, 132) == 1  # never more segments than tiles
+    capped = paged.LaunchConfig(128, 8, 2, 4, scratch_div=8)
+    assert paged.segments_for(16, 1, 32, 4096, 132, capped) == 16  # 4096 // (8 · 32)
     assert paged.choose_mode(64, 32, 32, 2048, 132) == "gqa"
     assert paged.choose_mode(16, 32, 1, 4096, 132) == "split_k"
 
