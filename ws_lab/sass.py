@@ -38,6 +38,9 @@ class SassSummary:
     # For each WARPGROUP.DEPBAR: (groups it leaves in flight, kinds of HGMMA issued since the
     # previous DEPBAR, e.g. ('SS', 'RS') when a QK and a PV group were both in flight).
     depbar_windows: list = field(default_factory=list)
+    # For each DEPBAR.LE 1 followed by a DEPBAR.LE 0 (IntraWGOverlap: S_n ready, then PV_{n-1}):
+    # the MUFU.EX2 between them, i.e. how much of the softmax runs while PV is in flight.
+    ex2_between_waits: list = field(default_factory=list)
 
     @property
     def spill_bytes(self) -> int:
@@ -54,6 +57,9 @@ class SassSummary:
                      f"spill loads {self.spill_loads} B, stack {self.stack_frame} B, "
                      f"dynamic smem {self.dyn_smem} B")
         lines.append("  WARPGROUP order: " + " ".join(_run_length(self.warpgroup_sync)))
+        if self.ex2_between_waits:
+            lines.append("  MUFU.EX2 between DEPBAR.LE 1 and DEPBAR.LE 0: "
+                         + ", ".join(map(str, self.ex2_between_waits)))
         lines += [f"  ptxas: {remark}" for remark in self.ptxas_remarks]
         return "\n".join(lines)
 
@@ -96,6 +102,7 @@ def sass_instructions(sass: str) -> list[str]:
 def summarize_sass(sass: str, summary: SassSummary | None = None) -> SassSummary:
     s = summary or SassSummary()
     window: list[str] = []
+    ex2_since_wait1 = None  # counting MUFU.EX2 after a DEPBAR.LE 1, until the next DEPBAR
     for ins in sass_instructions(sass):
         if m := _HGMMA.search(ins):
             a_in_regs = not m.group(3).startswith("gdesc")
@@ -107,11 +114,16 @@ def summarize_sass(sass: str, summary: SassSummary | None = None) -> SassSummary
                 left = int(s.warpgroup_sync[-1].split()[-1])
                 s.depbar_windows.append((left, tuple(dict.fromkeys(window))))
                 window = []
+                if left == 0 and ex2_since_wait1 is not None:
+                    s.ex2_between_waits.append(ex2_since_wait1)
+                ex2_since_wait1 = 0 if left == 1 else None
         elif m := _MAXREG.search(ins):
             s.setmaxnreg.append(f"{m.group(1)} {int(m.group(2), 0)}")
         opcode = ins.split()[0] if ins.split() else ""
         if opcode.startswith("@"):
             opcode = ins.split()[1]
+        if opcode == "MUFU.EX2" and ex2_since_wait1 is not None:
+            ex2_since_wait1 += 1
         for key in ("BAR", "SYNCS", "UTMALDG", "UTMASTG"):
             if opcode == key or opcode.startswith(key + "."):
                 s.counts[key] += 1

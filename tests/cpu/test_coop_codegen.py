@@ -52,6 +52,25 @@ def test_overlap_exists_in_the_machine_code(tmp_path, kernel, head_dim):
     assert overlap.spill_bytes == 0 and sorted(set(overlap.setmaxnreg)) == ["DEALLOC 24", "TRY_ALLOC 240"]
 
 
+def test_ex2_between_waits_counts_the_softmax_under_the_pv_wait():
+    """The SASS parser's measure of how much softmax sits between wait<1> and wait<0>."""
+    waits = ["WARPGROUP.DEPBAR.LE gsb0, 0x1", "MUFU.EX2 R1, R2", "@!P0 MUFU.EX2 R3, R4",
+             "WARPGROUP.DEPBAR.LE gsb0, 0x0", "MUFU.EX2 R5, R6", "WARPGROUP.DEPBAR.LE gsb0, 0x0"]
+    text = "\n".join(f"        /*{16 * i:04x}*/   {ins} ;" for i, ins in enumerate(waits))
+    assert sass.summarize_sass(text).ex2_between_waits == [2]
+
+
+@needs_nvcc
+def test_ptxas_sinks_the_softmax_below_the_pv_wait(tmp_path):
+    """ptxas (CUDA 13.0) puts each overlap iteration's PV wait (DEPBAR.LE 0) right after the QK
+    wait, above all 64 exp2 of the block, though the source computes them first: the softmax
+    runs after PV retires. Pinning it between the waits (a shared store of the row sums before
+    wait<0>) measured slower on the H100 (NOTES.md, coop-overlap-persistent, session 3), so the
+    kernel keeps ptxas' order; when this fails, ptxas changed the schedule: re-measure."""
+    summary = emit.inspect(emit.lower("coop-overlap", shapes.get("llama8b-4k")), tmp_path)
+    assert summary.ex2_between_waits == [0, 0]  # one mainloop per consumer warpgroup
+
+
 @pytest.mark.parametrize("pingpong", [True, False])
 def test_roles_and_barriers_match_the_docstring(pingpong):
     kernel = "coop" if pingpong else "coop-nopp"
