@@ -52,7 +52,7 @@ import tilelang.language as T
 import torch
 from tilelang.layout import make_swizzled_layout
 
-from kernels import LOG2E
+from kernels import LOG2E, qtile_grid
 from kernels.softmax import alloc_softmax_state, online_softmax, score_mask
 from ws_lab.check import validate_attention_inputs
 from ws_lab.shapes import Shape
@@ -261,10 +261,9 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
             V: T.Tensor([batch, seq_len, kv_heads, head_dim_v], dtype),
             Out: T.Tensor([batch, seq_len, heads, head_dim_v], dtype),
         ):
-            grid = (heads, n_qtiles, batch) if cfg.heavy_first else (n_qtiles, heads, batch)
+            grid, tile_of = qtile_grid(n_qtiles, heads, batch, cfg.heavy_first)
             with T.Kernel(*grid, threads=CONSUMER_THREADS + 128) as (gx, gy, b):
-                qt = n_qtiles - 1 - gy if cfg.heavy_first else gx
-                head = gx if cfg.heavy_first else gy
+                qt, head = tile_of(gx, gy)
                 q_s = T.alloc_shared([1, 2, HALF, head_dim], dtype)
                 k_s = T.alloc_shared([stages, bn, head_dim], dtype)
                 v_s = T.alloc_shared([stages, bn, head_dim_v], dtype)

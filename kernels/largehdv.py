@@ -35,7 +35,7 @@ import tilelang.language as T
 import torch
 from tilelang.layout import make_swizzled_layout
 
-from kernels import LOG2E
+from kernels import LOG2E, qtile_grid
 from kernels.coop import (CONSUMER_THREADS, PASS_CONFIGS, PRODUCER_WARP, NamedBarrier,
                           kv_producer, store_o)
 from kernels.softmax import alloc_softmax_state, rescale_o, score_mask, softmax_stats
@@ -172,11 +172,9 @@ def largehdv_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, 
         V: T.Tensor([batch, seq_len, kv_heads, head_dim_v], dtype),
         Out: T.Tensor([batch, seq_len, heads, head_dim_v], dtype),
     ):
-        # causal: heaviest query tiles first (blockIdx.y runs fastest after x)
-        grid = (heads, n_qtiles, batch) if causal else (n_qtiles, heads, batch)
+        grid, tile_of = qtile_grid(n_qtiles, heads, batch, heavy_first=causal)
         with T.Kernel(*grid, threads=CONSUMER_THREADS + 128) as (gx, gy, b):
-            qt = n_qtiles - 1 - gy if causal else gx
-            head = gx if causal else gy
+            qt, head = tile_of(gx, gy)
             q_s = T.alloc_shared([BLOCK_M, head_dim], dtype)
             k_s = T.alloc_shared([STAGES, BLOCK_N, head_dim], dtype)
             v_s = T.alloc_shared([STAGES, 2, BLOCK_N, half_v], dtype)

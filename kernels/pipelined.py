@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import tilelang.language as T
 import torch
 
-from kernels import LOG2E
+from kernels import LOG2E, qtile_grid
 from kernels.softmax import alloc_softmax_state, online_softmax
 from ws_lab.check import validate_attention_inputs
 from ws_lab.shapes import Shape
@@ -83,10 +83,9 @@ def flash_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dty
         Out: T.Tensor([batch, seq_len, heads, head_dim_v], dtype),
     ):
         n_qtiles = T.ceildiv(seq_len, bm)
-        grid = (heads, n_qtiles, batch) if cfg.heavy_first else (n_qtiles, heads, batch)
+        grid, tile_of = qtile_grid(n_qtiles, heads, batch, cfg.heavy_first)
         with T.Kernel(*grid, threads=cfg.threads) as (gx, gy, bz):
-            bx = n_qtiles - 1 - gy if cfg.heavy_first else gx  # Q tile
-            by = gx if cfg.heavy_first else gy  # query head
+            bx, by = tile_of(gx, gy)  # Q tile, query head
             q_s = T.alloc_shared([bm, head_dim], dtype)
             k_s = T.alloc_shared([bn, head_dim], dtype)
             v_s = T.alloc_shared([bn, head_dim_v], dtype)
