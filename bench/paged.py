@@ -2,7 +2,7 @@
 paged op and the HBM floor, in one process.
 
     python bench/paged.py                  # the named rows (block size 16)
-    python bench/paged.py --sweep          # 60 shapes: how often auto is within 5 % of the best
+    python bench/paged.py --sweep          # 71 shapes: how often auto is within 5 % of the best
 """
 import argparse
 import json

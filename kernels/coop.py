@@ -56,7 +56,7 @@ from kernels import LOG2E, qtile_grid
 from kernels.softmax import alloc_softmax_state, online_softmax, score_mask
 from ws_lab.check import validate_attention_inputs
 from ws_lab.shapes import Shape
-from ws_lab.target import H100_SMS, compile_sm90a
+from ws_lab.target import H100_L2_BYTES, H100_SMS, compile_sm90a
 
 BLOCK_M = 128  # two consumer warpgroups × 64 rows
 HALF = BLOCK_M // 2
@@ -86,6 +86,11 @@ class Config:
     pingpong: bool
     heavy_first: bool = False
     persistent: bool = False  # one CTA per SM walking a static, heavy-first list of tiles
+
+
+# Persistent walk: when the call's K/V exceed half of L2, RANK_GROUP Q tiles of one head run on
+# neighbouring CTAs, so the ~132 resident tiles read the K/V of a few heads, not of all of them.
+RANK_GROUP = 16
 
 
 CONFIGS = {
@@ -174,7 +179,8 @@ def serial_mainloop(t):
 
 
 def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtype, softmax_scale,
-             cfg: Config, mainloop_factory=serial_mainloop, num_ctas=H100_SMS):
+             cfg: Config, mainloop_factory=serial_mainloop, num_ctas=H100_SMS,
+             l2_bytes=H100_L2_BYTES):
     """q (B,S,Hq,D), k (B,S,Hkv,D), v (B,S,Hkv,Dv) -> out (B,S,Hq,Dv). The producer, consumer
     setup and epilogue are shared; ``mainloop_factory(t)`` gives the consumer's KV loop."""
     bn, stages = cfg.block_n, cfg.num_stages
@@ -201,6 +207,7 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
                      clear_accum=True)
 
     t = SimpleNamespace(bn=bn, stages=stages, pingpong=cfg.pingpong, schedulers=schedulers,
+                        causal=causal, seq_len=seq_len,
                         s_regs=s_regs, o_regs=o_regs, p_regs=HALF * bn // 256,
                         head_dim_v=head_dim_v, scale_log2=scale_log2, mask=mask,
                         issue_qk=issue_qk)
@@ -295,13 +302,17 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
     def persistent_kernel(num_ctas):
         """One CTA per SM (``num_ctas``) walks one tile per round, rounds alternating direction
         (zigzag: CTA c takes tile c of even rounds and tile #CTAs-1-c of odd ones), tiles
-        numbered heaviest first when ``cfg.heavy_first``, heads fastest. Without the zigzag CTA
+        numbered heaviest first when ``cfg.heavy_first``, heads fastest — or, when the K/V
+        exceed half of L2, in groups of RANK_GROUP Q tiles of one head. Without the zigzag CTA
         0 took the heaviest tile of every causal round (measured: slower than the
         non-persistent grid). Q is double-buffered (slot = tile parity), so the next tile's Q
         loads while this tile's O is stored from the other slot."""
         num_tiles = n_qtiles * heads * batch
         ctas = min(num_ctas, num_tiles)
         rounds, partial = divmod(num_tiles, ctas)
+        kv_bytes = batch * kv_heads * seq_len * (head_dim + head_dim_v) * 2
+        rank_group = RANK_GROUP if kv_bytes > l2_bytes // 2 else 1
+        head_batches = heads * batch
 
         def tiles_of(cta):
             # the last, partial round runs from the low CTAs on even rounds, the high on odd
@@ -310,9 +321,10 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
 
         def tile_coords(i, cta):
             tile = i * ctas + T.if_then_else(i % 2 == 0, cta, ctas - 1 - cta)
-            rank = tile // (heads * batch)
+            rank, head_batch = tile_rank(tile, n_qtiles, head_batches, rank_group,
+                                         T.if_then_else)
             qt = n_qtiles - 1 - rank if cfg.heavy_first else rank
-            return qt, tile % heads, tile // heads % batch
+            return qt, head_batch % heads, head_batch // heads
 
         @T.macro
         def consumer_tiles(wg, Out, q_s, k_s, v_s, q_full, q_empty, k_full, k_empty, v_full,
@@ -377,12 +389,33 @@ def supports(shape: Shape, pingpong: bool = True, persistent: bool = False) -> b
 
 def prim_func_for(shape: Shape, pingpong: bool = True, mainloop_factory=serial_mainloop,
                   persistent: bool = False):
-    """The prim_func the lab runs for a named shape (used by ``ws_lab.emit``; a persistent grid
-    is sized for the H100's 132 SMs)."""
+    """The prim_func the lab runs for a named shape (used by ``ws_lab.emit``; a persistent walk
+    is planned for the H100's 132 SMs and 50 MB of L2)."""
     return coop_fwd(shape.batch, shape.seq_len, shape.heads, shape.kv_heads, shape.head_dim,
                     shape.head_dim_v, shape.causal, shape.dtype, 1.0 / math.sqrt(shape.head_dim),
                     config_for(shape.head_dim, shape.causal, pingpong, persistent),
                     mainloop_factory)
+
+
+def tile_rank(tile, n_qtiles, head_batches, rank_group, select):
+    """A persistent walk's tile number -> (rank: 0 = the heaviest Q tile, head + heads·batch).
+    Heads fastest, or — rank_group > 1 — full groups of rank_group ranks run one head's ranks
+    on consecutive tiles and the ranks past the last full group go heads first. ``select`` is
+    ``T.if_then_else`` in the kernel (a Python conditional in tests)."""
+    if rank_group == 1:
+        return tile // head_batches, tile % head_batches
+    per_group = rank_group * head_batches
+    grouped = n_qtiles // rank_group * per_group  # tiles in full groups
+    rest = tile - grouped
+    return (select(tile < grouped, tile // per_group * rank_group + tile % rank_group,
+                   n_qtiles // rank_group * rank_group + rest // head_batches),
+            select(tile < grouped, tile % per_group // rank_group, rest % head_batches))
+
+
+def persistent_device_args(device) -> tuple[int, int]:
+    """(SMs, L2 bytes) of the device: the persistent walk's CTA count and rank grouping."""
+    props = torch.cuda.get_device_properties(device)
+    return props.multi_processor_count, props.L2_cache_size
 
 
 @functools.lru_cache(maxsize=None)
@@ -399,7 +432,7 @@ def attention(q, k, v, causal=False, softmax_scale=None, out=None, pingpong: boo
         q, k, v, supported_head_dims=PERSISTENT_HEAD_DIMS if persistent else HEAD_DIMS, out=out,
         softmax_scale=softmax_scale)
     cfg = config_for(dims.head_dim, bool(causal), pingpong, persistent)
-    extra = (torch.cuda.get_device_properties(q.device).multi_processor_count,) if persistent else ()
+    extra = persistent_device_args(q.device) if persistent else ()
     kernel = compiled(dims.batch, dims.seq_len, dims.heads, dims.kv_heads, dims.head_dim,
                       dims.head_dim_v, bool(causal), dims.tl_dtype, dims.softmax_scale, cfg,
                       mainloop_factory, *extra)

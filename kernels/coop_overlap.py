@@ -16,30 +16,48 @@ loop, so no wgmma group stays in flight across the loop's back edge — ptxas se
 HGMMA when one does (remark C7515, NOTES.md). The fences after each wait are written here; TileLang
 0.1.15 emits its own only before the wait (``ws_lab/upstream/wgmma_fence_before_wait.py``).
 """
+import functools
+
 import tilelang.language as T
 
 from kernels import coop
 from kernels.coop import CONSUMER_THREADS, HALF, PASS_CONFIGS  # noqa: F401  (emit reads PASS_CONFIGS)
-from kernels.softmax import commit_probs, online_softmax, softmax_stats
+from kernels.softmax import (add_partial_sums, alloc_partial_sums, commit_probs,
+                             first_masked_block, rescale_partial_sums, score_mask, softmax_probs,
+                             softmax_stats)
 from ws_lab.shapes import Shape
 
 
-def overlap_mainloop(t):
-    @T.macro
-    def mainloop(wg, row0, q_s, k_s, v_s, k_full, k_empty, v_full, v_empty, loop_range,
-                 acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum, slot,
+def overlap_mainloop(deferred_sums: bool = True, split_mask: bool = True):
+    """The mainloop factory (one object per variant, so ``coop.compiled``'s cache hits).
+
+    deferred_sums: each thread keeps 16-column partial row sums (``add_partial_sums``) and the
+      row reduction runs once per tile, not once per block between the two waits.
+    split_mask: the KV loop runs as an unmasked part and a masked tail (``first_masked_block``),
+      so no block tests whether it needs the mask."""
+    return _mainloop_factory(bool(deferred_sums), bool(split_mask))
+
+
+@functools.lru_cache(maxsize=None)
+def _mainloop_factory(deferred_sums: bool, split_mask: bool):
+    def factory(t):
+        unchecked_mask = score_mask(t.causal, t.seq_len, HALF, t.bn, checked=False)
+
+        @T.macro
+        def row_stats(acc_s, row_max, row_max_prev, row_rescale, block_sum, row_sum, part_sum):
+            if deferred_sums:
+                softmax_probs(acc_s, row_max, row_max_prev, row_rescale, HALF, t.bn, t.scale_log2)
+                rescale_partial_sums(part_sum, row_rescale, HALF)
+                add_partial_sums(acc_s, part_sum, HALF, t.bn)
+            else:
+                softmax_stats(acc_s, row_max, row_max_prev, row_rescale, block_sum, row_sum,
+                              HALF, t.bn, t.scale_log2)
+
+        @T.macro
+        def step(wg, kb, row0, mask, q_s, k_s, v_s, k_full, k_empty, v_full, v_empty, acc_s, p,
+                 acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum, part_sum, slot,
                  it0):
-        stage0 = it0 % t.stages  # it0: blocks the CTA streamed for earlier tiles (persistent)
-        t.issue_qk(wg, q_s, slot, k_s, k_full, stage0, (it0 // t.stages) % 2, acc_s)
-        if t.pingpong:
-            T.named_barrier_arrive(t.schedulers[1 - wg], CONSUMER_THREADS)
-        T.wait_wgmma(0)
-        T.warpgroup_fence_operand(acc_s, num_regs=t.s_regs)
-        T.mbarrier_arrive(k_empty[stage0])
-        t.mask(acc_s, 0, row0)
-        online_softmax(acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum,
-                       HALF, t.bn, t.head_dim_v, t.scale_log2)
-        for kb in T.serial(1, loop_range):
+            """Block kb ≥ 1: S_kb and PV_{kb-1} in flight together, S_kb's stats under PV."""
             stage = (it0 + kb) % t.stages
             prev = (it0 + kb - 1) % t.stages
             t.issue_qk(wg, q_s, slot, k_s, k_full, stage, ((it0 + kb) // t.stages) % 2, acc_s)
@@ -50,34 +68,73 @@ def overlap_mainloop(t):
             T.wait_wgmma(1)
             T.warpgroup_fence_operand(acc_s, num_regs=t.s_regs)
             T.mbarrier_arrive(k_empty[stage])
-            t.mask(acc_s, kb, row0)
-            softmax_stats(acc_s, row_max, row_max_prev, row_rescale, block_sum, row_sum, HALF,
-                          t.bn, t.scale_log2)
+            if mask is not None:
+                mask(acc_s, kb, row0)
+            row_stats(acc_s, row_max, row_max_prev, row_rescale, block_sum, row_sum, part_sum)
             T.wait_wgmma(0)
             T.warpgroup_fence_operand(acc_o, num_regs=t.o_regs)
             T.warpgroup_fence_operand(p, num_regs=t.p_regs)
             T.mbarrier_arrive(v_empty[prev])
             commit_probs(acc_s, p, acc_o, row_rescale, HALF, t.head_dim_v)
-        last = (it0 + loop_range - 1) % t.stages
-        T.mbarrier_wait_parity(v_full[last], ((it0 + loop_range - 1) // t.stages) % 2)
-        T.wgmma_gemm(p, v_s[last, :, :], acc_o, clear_accum=False)
-        T.wait_wgmma(0)
-        T.warpgroup_fence_operand(acc_o, num_regs=t.o_regs)
-        T.mbarrier_arrive(v_empty[last])
 
-    return mainloop
+        @T.macro
+        def mainloop(wg, row0, q_s, k_s, v_s, k_full, k_empty, v_full, v_empty, loop_range,
+                     acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum,
+                     slot, it0):
+            part_sum = alloc_partial_sums(HALF, t.bn) if deferred_sums else None
+            stage0 = it0 % t.stages  # it0: blocks the CTA streamed for earlier tiles (persistent)
+            t.issue_qk(wg, q_s, slot, k_s, k_full, stage0, (it0 // t.stages) % 2, acc_s)
+            if t.pingpong:
+                T.named_barrier_arrive(t.schedulers[1 - wg], CONSUMER_THREADS)
+            T.wait_wgmma(0)
+            T.warpgroup_fence_operand(acc_s, num_regs=t.s_regs)
+            T.mbarrier_arrive(k_empty[stage0])
+            t.mask(acc_s, 0, row0)
+            if deferred_sums:
+                T.fill(part_sum, 0)  # row_max is -inf: the rescale below multiplies zeros
+            row_stats(acc_s, row_max, row_max_prev, row_rescale, block_sum, row_sum, part_sum)
+            commit_probs(acc_s, p, acc_o, row_rescale, HALF, t.head_dim_v)
+            if split_mask:
+                unmasked = first_masked_block(t.causal, t.seq_len, t.bn, row0, loop_range)
+                for kb in T.serial(1, unmasked):
+                    step(wg, kb, row0, None, q_s, k_s, v_s, k_full, k_empty, v_full, v_empty,
+                         acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum,
+                         part_sum, slot, it0)
+                for kb in T.serial(unmasked, loop_range):
+                    step(wg, kb, row0, unchecked_mask, q_s, k_s, v_s, k_full, k_empty, v_full,
+                         v_empty, acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum,
+                         row_sum, part_sum, slot, it0)
+            else:
+                for kb in T.serial(1, loop_range):
+                    step(wg, kb, row0, t.mask, q_s, k_s, v_s, k_full, k_empty, v_full, v_empty,
+                         acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum,
+                         part_sum, slot, it0)
+            last = (it0 + loop_range - 1) % t.stages
+            T.mbarrier_wait_parity(v_full[last], ((it0 + loop_range - 1) // t.stages) % 2)
+            T.wgmma_gemm(p, v_s[last, :, :], acc_o, clear_accum=False)
+            if deferred_sums:
+                T.reduce_sum(part_sum, row_sum, dim=1)  # under the last PV GEMM
+            T.wait_wgmma(0)
+            T.warpgroup_fence_operand(acc_o, num_regs=t.o_regs)
+            T.mbarrier_arrive(v_empty[last])
+
+        return mainloop
+
+    return factory
 
 
-def supports(shape: Shape, pingpong: bool = True, persistent: bool = False) -> bool:
-    return coop.supports(shape, persistent)
+def supports(shape: Shape, pingpong: bool = True, persistent: bool = False, **ablation) -> bool:
+    return coop.supports(shape, pingpong, persistent)
 
 
-def prim_func_for(shape: Shape, pingpong: bool = True, persistent: bool = False):
-    return coop.prim_func_for(shape, pingpong, overlap_mainloop, persistent)
+def prim_func_for(shape: Shape, pingpong: bool = True, persistent: bool = False, **ablation):
+    """``ablation``: ``overlap_mainloop``'s switches (deferred_sums, split_mask), default on."""
+    return coop.prim_func_for(shape, pingpong, overlap_mainloop(**ablation), persistent)
 
 
 def attention(q, k, v, causal=False, softmax_scale=None, out=None, pingpong: bool = True,
-              persistent: bool = False):
-    """BSHD GQA forward (as ``kernels.coop.attention``) with the IntraWGOverlap mainloop."""
-    return coop.attention(q, k, v, causal, softmax_scale, out, pingpong, overlap_mainloop,
-                          persistent)
+              persistent: bool = False, **ablation):
+    """BSHD GQA forward (as ``kernels.coop.attention``) with the IntraWGOverlap mainloop;
+    ``ablation`` as in ``prim_func_for``."""
+    return coop.attention(q, k, v, causal, softmax_scale, out, pingpong,
+                          overlap_mainloop(**ablation), persistent)

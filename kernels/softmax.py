@@ -14,42 +14,92 @@ def alloc_softmax_state(rows, cols, head_dim_v, dtype, accum="float"):
             *(T.alloc_fragment([rows], accum) for _ in range(5)))
 
 
-def score_mask(causal: bool, seq_len: int, rows: int, block_n: int, accum="float"):
+def score_mask(causal: bool, seq_len: int, rows: int, block_n: int, accum="float",
+               checked: bool = True):
     """The mask macro of a forward kernel: ``mask(acc_s, kb, row0)`` sets -inf where key
-    kb·block_n + j is in the future of query row0 + i (causal) or past S (ragged S); only the
-    blocks that need it pay (the diagonal ones, the ragged last one)."""
+    kb·block_n + j is in the future of query row0 + i (causal) or past S (ragged S). Checked:
+    only the blocks that need it pay (the diagonal ones, the ragged last one); unchecked: every
+    block it is called on (a loop that holds only such blocks, see ``first_masked_block``)."""
     neg_inf = -T.infinity(accum)
     n_kblocks = (seq_len + block_n - 1) // block_n
+
+    def needs_mask(kb, row0):
+        if not checked:
+            return True  # a trace-time constant: the macro below emits no test
+        if causal:
+            return (kb + 1) * block_n > row0  # the block reaches past the tile's first row
+        return kb == n_kblocks - 1
 
     @T.macro
     def mask(acc_s, kb, row0):
         if causal:
-            if (kb + 1) * block_n > row0:  # the block reaches past the tile's first row
+            if needs_mask(kb, row0):
                 for i, j in T.Parallel(rows, block_n):
                     acc_s[i, j] = T.if_then_else(row0 + i >= kb * block_n + j, acc_s[i, j],
                                                  neg_inf)
         elif seq_len % block_n:
-            if kb == n_kblocks - 1:
+            if needs_mask(kb, row0):
                 for i, j in T.Parallel(rows, block_n):
                     acc_s[i, j] = T.if_then_else(kb * block_n + j < seq_len, acc_s[i, j], neg_inf)
 
     return mask
 
 
+def first_masked_block(causal: bool, seq_len: int, block_n: int, row0, loop_range):
+    """The first KV block ≥ 1 that ``score_mask`` masks for rows from row0 on; loop_range when
+    none does. Blocks [1, it) need no mask, [it, loop_range) all do (block 0 is the caller's)."""
+    if causal:  # (kb + 1)·block_n > row0  ⟺  kb ≥ row0 // block_n
+        return T.max(1, T.min(loop_range, row0 // block_n))
+    if seq_len % block_n:
+        return T.max(1, loop_range - 1)
+    return loop_range
+
+
 @T.macro
-def softmax_stats(acc_s, row_max, row_max_prev, row_rescale, block_sum, row_sum, rows, cols,
-                  scale_log2):
+def softmax_probs(acc_s, row_max, row_max_prev, row_rescale, rows, cols, scale_log2):
     """acc_s (rows × cols fp32 scores) -> exp2 of the scaled, max-shifted scores, in place; the
-    running max and sum advance and row_rescale holds the factor for the old O."""
+    running max advances and row_rescale holds the factor for the old O and row sums."""
     T.copy(row_max, row_max_prev)
     T.reduce_max(acc_s, row_max, dim=1, clear=False)
     for i in T.Parallel(rows):
         row_rescale[i] = T.exp2(row_max_prev[i] * scale_log2 - row_max[i] * scale_log2)
     for i, j in T.Parallel(rows, cols):
         acc_s[i, j] = T.exp2(acc_s[i, j] * scale_log2 - row_max[i] * scale_log2)
+
+
+@T.macro
+def softmax_stats(acc_s, row_max, row_max_prev, row_rescale, block_sum, row_sum, rows, cols,
+                  scale_log2):
+    """softmax_probs, then the running row sums advance (one full row reduction per block)."""
+    softmax_probs(acc_s, row_max, row_max_prev, row_rescale, rows, cols, scale_log2)
     T.reduce_sum(acc_s, block_sum, dim=1)
     for i in T.Parallel(rows):
         row_sum[i] = row_sum[i] * row_rescale[i] + block_sum[i]
+
+
+PARTIAL_SUM_COLS = 16  # wgmma's accumulator repeats its thread pattern every 8 columns
+
+
+def alloc_partial_sums(rows, cols, accum="float"):
+    """Deferred row sums: a fragment shaped like the score tile (so it takes the score tile's
+    register layout) whose first PARTIAL_SUM_COLS columns hold per-thread partial sums."""
+    return T.alloc_fragment([rows, cols], accum)
+
+
+@T.macro
+def add_partial_sums(acc_s, part_sum, rows, cols):
+    """part_sum[i, j] += acc_s[i, j + 16 t] over t: every term lives in the thread that holds
+    part_sum[i, j], so a block's row sums cost cols/16 independent FADD chains per row and no
+    shuffle; ``T.reduce_sum(part_sum, ...)`` once per tile finishes them."""
+    for t in T.unroll(cols // PARTIAL_SUM_COLS):
+        for i, j in T.Parallel(rows, PARTIAL_SUM_COLS):
+            part_sum[i, j] += acc_s[i, j + t * PARTIAL_SUM_COLS]
+
+
+@T.macro
+def rescale_partial_sums(part_sum, row_rescale, rows):
+    for i, j in T.Parallel(rows, PARTIAL_SUM_COLS):
+        part_sum[i, j] *= row_rescale[i]
 
 
 @T.macro

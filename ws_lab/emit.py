@@ -31,19 +31,23 @@ class Emitted:
     threads: int
 
 
-def lower(kernel_name: str, shape: shapes.Shape, run_postproc: bool | None = None) -> Emitted:
-    """Emitted CUDA of a lab kernel; ``run_postproc`` (default: whether the kernel compiles with
-    the post-processor, ``Kernel.postprocessed``) applies ``postproc`` to it."""
+def lower_prim_func(func, pass_configs=None):
+    """TileLang's lowering artifact of a prim_func for sm_90a (no GPU needed)."""
     import tilelang
     import tvm
 
+    target = tvm.target.Target(SM90A)
+    with tilelang.transform.PassContext(config=pass_configs or {}), target:
+        return tilelang.lower(func, target=target)
+
+
+def lower(kernel_name: str, shape: shapes.Shape, run_postproc: bool | None = None) -> Emitted:
+    """Emitted CUDA of a lab kernel; ``run_postproc`` (default: whether the kernel compiles with
+    the post-processor, ``Kernel.postprocessed``) applies ``postproc`` to it."""
     from postproc import postprocess
 
     kernel = registry.get(kernel_name)
-    func = kernel.prim_func(shape)
-    target = tvm.target.Target(SM90A)
-    with tilelang.transform.PassContext(config=kernel.pass_configs), target:
-        art = tilelang.lower(func, target=target)
+    art = lower_prim_func(kernel.prim_func(shape), kernel.pass_configs)
     attrs = next(f.attrs for _, f in art.device_mod.functions.items() if "thread_extent" in f.attrs)
     extent = attrs["thread_extent"]
     threads = int(extent["threadIdx.x"]) * int(extent["threadIdx.y"]) * int(extent["threadIdx.z"])

@@ -4,6 +4,7 @@ SM90A = {"kind": "cuda", "arch": "sm_90a"}
 # SMs of the lab's H100 SXM: persistent kernels lowered without a GPU (ws_lab.emit) size
 # their grid for it; on a GPU they ask the device.
 H100_SMS = 132
+H100_L2_BYTES = 50 * 1024 * 1024
 
 
 def compile_sm90a(func, pass_configs=None):

@@ -46,8 +46,9 @@ def test_overlap_exists_in_the_machine_code(tmp_path, kernel, head_dim):
                           tmp_path / "serial")
     assert sass.overlaps_gemm_and_softmax(overlap)
     assert not sass.overlaps_gemm_and_softmax(serial)
-    # per consumer WG: peeled QK, the loop's QK+PV pair, the drained PV — never one per HGMMA
-    assert overlap.warpgroup_sync.count("ARRIVE") == 2 * 4
+    # per consumer WG: peeled QK, a QK+PV pair per KV loop (causal: unmasked part + masked
+    # tail), the drained PV — never one ARRIVE per HGMMA
+    assert overlap.warpgroup_sync.count("ARRIVE") == 2 * (2 + 2 * 2)
     assert not [r for r in overlap.ptxas_remarks if "C7515" in r]
     assert overlap.spill_bytes == 0 and sorted(set(overlap.setmaxnreg)) == ["DEALLOC 24", "TRY_ALLOC 240"]
 
@@ -68,7 +69,8 @@ def test_ptxas_sinks_the_softmax_below_the_pv_wait(tmp_path):
     wait<0>) measured slower on the H100 (NOTES.md, coop-overlap-persistent, session 3), so the
     kernel keeps ptxas' order; when this fails, ptxas changed the schedule: re-measure."""
     summary = emit.inspect(emit.lower("coop-overlap", shapes.get("llama8b-4k")), tmp_path)
-    assert summary.ex2_between_waits == [0, 0]  # one mainloop per consumer warpgroup
+    # per consumer warpgroup two KV loops (unmasked part, masked tail)
+    assert summary.ex2_between_waits == [0, 0, 0, 0]
 
 
 @pytest.mark.parametrize("pingpong", [True, False])
@@ -107,3 +109,61 @@ def test_persistent_roles_and_barriers():
     assert len(re.findall(r"q_empty\[\(\w+ & 1\)\]\.arrive\(\)", src)) == 2  # each consumer
     assert src.count("tma_store_wait<0, true>") == 2
     assert src.count("warpgroup_reg_dealloc<24>") == 1 and src.count("warpgroup_reg_alloc<240>") == 2
+
+
+@pytest.mark.parametrize("causal,seq_len", [(True, 4096), (False, 4096), (False, 1000)])
+def test_overlap_splits_the_kv_loop_at_the_first_masked_block(causal, seq_len):
+    """Causal: an unmasked KV loop, then a masked tail from ``first_masked_block``; ragged: the
+    loop stops before the last block, which masks with no test; full and unragged: one loop
+    and no mask (block 0, peeled, keeps the checked mask)."""
+    src = emit.lower("coop-overlap", shapes.Shape("codegen", 1, 8, 2, seq_len, 128, 128,
+                                                  causal)).source
+    loops = re.findall(r"for \(int kb_\d+ = (.+?); kb_\d+ < (.+?); ", src)
+    n_kblocks = -(-seq_len // 128)
+    if causal:
+        assert len(loops) == 4 and all(start.startswith("max(1, ") for start, _ in loops[1::2])
+    else:  # per consumer warpgroup one loop over the unmasked blocks 1 .. n - 1 (or n - 2)
+        assert loops == [("1", str(n_kblocks - (seq_len % 128 > 0)))] * 2
+    assert ("condval" in src) == (causal or seq_len % 128 > 0)  # the masked select
+
+
+@pytest.mark.parametrize("deferred", [True, False])
+def test_deferred_row_sums_leave_the_kv_loop_without_shuffles(deferred):
+    """deferred_sums: the KV loop adds each block's probabilities into 8 per-thread partial
+    sums; the only cross-thread sum (AllReduce over the quad) is the one per tile, after it."""
+    from kernels import coop_overlap
+
+    func = coop_overlap.prim_func_for(shapes.get("train8b-4k"), deferred_sums=deferred)
+    src = emit.lower_prim_func(func, coop.PASS_CONFIGS).kernel_source
+    loop_start = src.index("for (int kb_")
+    loop = src[loop_start:src.index("tl::wait_wgmma<0>();", loop_start)]
+    assert ("AllReduce<tl::SumOp" in loop) != deferred
+    assert ("float part_sum[8];" in src) == deferred
+
+
+@pytest.mark.parametrize("n_qtiles,head_batches,rank_group", [(64, 64, 16), (37, 8, 16), (8, 32, 16),
+                                                              (32, 32, 1)])
+def test_persistent_walk_covers_every_tile_once_and_groups_a_heads_ranks(n_qtiles, head_batches,
+                                                                         rank_group):
+    """Every (rank, head·batch) exactly once; with rank groups, the first 132 tiles (one round
+    of an H100) read the K/V of at most ceil(132 / 16) + 1 heads, not 132 / n_qtiles of all."""
+    def select(cond, a, b):
+        return a if cond else b
+
+    walk = [coop.tile_rank(t, n_qtiles, head_batches, rank_group, select)
+            for t in range(n_qtiles * head_batches)]
+    assert sorted(walk) == [(r, h) for r in range(n_qtiles) for h in range(head_batches)]
+    first_round = {h for _, h in walk[:132]}
+    if rank_group > 1 and n_qtiles >= rank_group:
+        assert len(first_round) <= -(-132 // rank_group) + 1
+    ranks = [r for r, _ in walk]
+    full = n_qtiles // rank_group * rank_group * head_batches
+    assert ranks[:full] == sorted(ranks[:full], key=lambda r: r // rank_group)  # group by group
+
+
+def test_persistent_is_refused_at_head_dim_256():
+    """Q double-buffered at D 256 would need 256 KB of shared memory."""
+    from ws_lab import registry
+
+    assert not registry.get("coop-overlap-persistent").supports(shapes.get("d256-4k"))
+    assert registry.get("coop-overlap").supports(shapes.get("d256-4k"))

@@ -19,7 +19,7 @@ from ws_lab.check import check_attention, random_qkv
 pytestmark = pytest.mark.gpu
 
 HEAD_DIMS = [(64, 64), (128, 128), (256, 256)]
-MAINLOOPS = {"serial": coop.serial_mainloop, "overlap": coop_overlap.overlap_mainloop}
+MAINLOOPS = {"serial": coop.serial_mainloop, "overlap": coop_overlap.overlap_mainloop()}
 CASES = [dict(c, mainloop=name) for name in MAINLOOPS for c in (
     [c for pp in (True, False)
      for c in grid(HEAD_DIMS, groups=[1, 4, 8], ragged=[1000, 4097, 333], pingpong=pp)] + [
@@ -44,7 +44,7 @@ def _build(c):
     import torch
 
     persistent = c.get("persistent", False)
-    sms = (torch.cuda.get_device_properties(0).multi_processor_count,) if persistent else ()
+    sms = coop.persistent_device_args(torch.device("cuda", 0)) if persistent else ()
     coop.compiled(c["batch"], c["seq_len"], c["heads"], c["kv_heads"], c["head_dim"],
                   c["head_dim_v"], c["causal"], c["dtype"], default_scale(c),
                   coop.config_for(c["head_dim"], c["causal"], c["pingpong"], persistent),
