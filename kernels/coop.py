@@ -53,7 +53,7 @@ import torch
 from tilelang.layout import make_swizzled_layout
 
 from kernels import LOG2E, qtile_grid
-from kernels.softmax import alloc_softmax_state, online_softmax, score_mask
+from kernels.softmax import alloc_softmax_state, normalize_o, online_softmax, score_mask
 from ws_lab.check import validate_attention_inputs
 from ws_lab.shapes import Shape
 from ws_lab.target import H100_L2_BYTES, H100_SMS, compile_sm90a
@@ -235,8 +235,7 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
                  acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum, slot,
                  it0)
 
-        for i, j in T.Parallel(HALF, head_dim_v):
-            acc_o[i, j] /= row_sum[i]
+        normalize_o(acc_o, row_sum, row_rescale, HALF, head_dim_v)
         # this warpgroup's Q rows are dead once its last QK GEMM retired
         store_o(acc_o, q_s[slot, wg, :, :], Out[b, row0:row0 + HALF, head, :], epilogues[wg])
         if cfg.persistent:

@@ -38,7 +38,8 @@ from tilelang.layout import make_swizzled_layout
 from kernels import LOG2E, qtile_grid
 from kernels.coop import (CONSUMER_THREADS, PASS_CONFIGS, PRODUCER_WARP, NamedBarrier,
                           kv_producer, store_o)
-from kernels.softmax import alloc_softmax_state, rescale_o, score_mask, softmax_stats
+from kernels.softmax import (alloc_softmax_state, normalize_o, rescale_o, score_mask,
+                             softmax_stats)
 from ws_lab.check import validate_attention_inputs
 from ws_lab.shapes import Shape
 from ws_lab.target import compile_sm90a
@@ -134,8 +135,7 @@ def largehdv_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, 
         for i in T.Parallel(BLOCK_M):
             row_sum_s[i] = row_sum[i]
         T.named_barrier_arrive(NamedBarrier.ROW_SUM, 2 * WG_THREADS)
-        for i, j in T.Parallel(BLOCK_M, half_v):
-            acc_o[i, j] /= row_sum[i]
+        normalize_o(acc_o, row_sum, row_rescale, BLOCK_M, half_v)
         # this warpgroup's half of the last V stage is dead: O goes there
         store_o(acc_o, v_s[last, 0, :, :], Out[b, row0:row0 + BLOCK_M, head, 0:half_v],
                 NamedBarrier.EPILOGUE_WG1)
@@ -159,8 +159,8 @@ def largehdv_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, 
             T.mbarrier_arrive(p_empty[stage])
             T.mbarrier_arrive(v_empty[stage])
         T.sync_threads(NamedBarrier.ROW_SUM, 2 * WG_THREADS)
-        for i, j in T.Parallel(BLOCK_M, half_v):
-            acc_o[i, j] /= row_sum_s[i]
+        inv_sum = T.alloc_fragment([BLOCK_M], accum)
+        normalize_o(acc_o, row_sum_s, inv_sum, BLOCK_M, half_v)
         last = (loop_range - 1) % STAGES
         store_o(acc_o, v_s[last, 1, :, :], Out[b, row0:row0 + BLOCK_M, head, half_v:head_dim_v],
                 NamedBarrier.EPILOGUE_WG2)

@@ -25,7 +25,7 @@ import tilelang.language as T
 import torch
 
 from kernels import LOG2E, qtile_grid
-from kernels.softmax import alloc_softmax_state, online_softmax
+from kernels.softmax import alloc_softmax_state, normalize_o, online_softmax
 from ws_lab.check import validate_attention_inputs
 from ws_lab.shapes import Shape
 from ws_lab.target import compile_sm90a
@@ -126,8 +126,7 @@ def flash_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dty
                 T.copy(V[bz, kb * bn:(kb + 1) * bn, by // group, :], v_s)
                 T.gemm(p, v_s, acc_o, policy=T.GemmWarpPolicy.FullRow)
 
-            for i, j in T.Parallel(bm, head_dim_v):
-                acc_o[i, j] /= row_sum[i]
+            normalize_o(acc_o, row_sum, row_rescale, bm, head_dim_v)
             T.copy(acc_o, o_s)
             T.copy(o_s, Out[bz, bx * bm:(bx + 1) * bm, by, :])
 

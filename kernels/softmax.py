@@ -110,6 +110,16 @@ def rescale_o(acc_o, row_rescale, rows, head_dim_v):
 
 
 @T.macro
+def normalize_o(acc_o, row_sum, inv_sum, rows, head_dim_v):
+    """O /= row sums, as one reciprocal per row and FMULs: a division per element compiles to
+    IEEE div.rn.f32 (FCHK + a slow-path CALL each, ~1000 SASS instructions per 64-row tile)."""
+    for i in T.Parallel(rows):
+        inv_sum[i] = 1.0 / row_sum[i]
+    for i, j in T.Parallel(rows, head_dim_v):
+        acc_o[i, j] *= inv_sum[i]
+
+
+@T.macro
 def commit_probs(acc_s, p, acc_o, row_rescale, rows, head_dim_v):
     """P in the input dtype for the PV GEMM, and O rescaled to the new max. Split from
     softmax_stats so IntraWGOverlap can run the stats while the previous PV GEMM still reads

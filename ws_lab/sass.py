@@ -23,12 +23,17 @@ def tool(name: str) -> str:
     raise FileNotFoundError(f"{name} is neither on PATH nor in Triton's wheel")
 
 
+COUNTED = ("BAR", "SYNCS", "UTMALDG", "UTMASTG", "FCHK")
+
+
 @dataclass
 class SassSummary:
     hgmma: Counter = field(default_factory=Counter)  # shape (e.g. 64x128x16.F32[.RS]) -> count
     warpgroup_sync: list = field(default_factory=list)  # ARRIVE / DEPBAR.LE gsb0 0xN, program order
     setmaxnreg: list = field(default_factory=list)  # e.g. ['TRY_ALLOC 240', 'DEALLOC 24']
-    counts: Counter = field(default_factory=Counter)  # BAR, SYNCS, UTMALDG, UTMASTG
+    # BAR, SYNCS, UTMALDG, UTMASTG, and FCHK (the range check of an IEEE fp32 division, whose
+    # slow path is a CALL: one per element when O is divided by the row sums)
+    counts: Counter = field(default_factory=Counter)
     registers: int | None = None
     spill_stores: int | None = None
     spill_loads: int | None = None
@@ -52,7 +57,7 @@ class SassSummary:
                                     or "none"))
         lines.append("  USETMAXREG: " + (", ".join(self.setmaxnreg) or "none"))
         lines.append("  " + ", ".join(f"{k} {self.counts[k]}" for k in
-                                      ("BAR", "SYNCS", "UTMALDG", "UTMASTG")))
+                                      COUNTED))
         lines.append(f"  registers {self.registers}, spill stores {self.spill_stores} B, "
                      f"spill loads {self.spill_loads} B, stack {self.stack_frame} B, "
                      f"dynamic smem {self.dyn_smem} B")
@@ -124,7 +129,7 @@ def summarize_sass(sass: str, summary: SassSummary | None = None) -> SassSummary
             opcode = ins.split()[1]
         if opcode == "MUFU.EX2" and ex2_since_wait1 is not None:
             ex2_since_wait1 += 1
-        for key in ("BAR", "SYNCS", "UTMALDG", "UTMASTG"):
+        for key in COUNTED:
             if opcode == key or opcode.startswith(key + "."):
                 s.counts[key] += 1
     return s

@@ -35,6 +35,7 @@ def test_llama8b_4k_sass(tmp_path):
     assert summary.hgmma["64x128x16.F32"] > 0  # S = Q Kᵀ, both operands from shared memory
     assert any(s.endswith(".RS") for s in summary.hgmma)  # O += P V with P in registers
     assert summary.spill_bytes == 0 and summary.stack_frame == 0
+    assert summary.counts["FCHK"] == 0  # O normalized by reciprocals, not IEEE divisions
     assert summary.setmaxnreg == ["TRY_ALLOC 240", "DEALLOC 24"]  # consumer up, producer down
     assert summary.counts["UTMALDG"] > 0
     assert emitted.threads == 384  # two consumer warpgroups + the producer TileLang adds
