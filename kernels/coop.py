@@ -149,7 +149,10 @@ def store_o(acc_o, o_s, out, barrier_id):
 
 def serial_mainloop(t):
     """FA3's mainloop without IntraWGOverlap: per KV block, S = Q Kᵀ → wait → softmax → O += P V
-    → wait. ``t`` holds the kernel's trace-time constants and shared macros (``coop_fwd``)."""
+    → wait. ``t`` holds the kernel's trace-time constants and shared macros (``coop_fwd``).
+    A mainloop factory returns its macros: ``tile`` (one tile's KV loop) and, for the
+    persistent kernel, the pieces that let a tile's last PV share an issue turn with the next
+    tile's first QK (``kernels/coop_overlap.py``)."""
 
     @T.macro
     def mainloop(wg, row0, q_s, k_s, v_s, k_full, k_empty, v_full, v_empty, loop_range,
@@ -175,7 +178,7 @@ def serial_mainloop(t):
             T.warpgroup_fence_operand(acc_o, num_regs=t.o_regs)
             T.mbarrier_arrive(v_empty[stage])
 
-    return mainloop
+    return SimpleNamespace(tile=mainloop)
 
 
 def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtype, softmax_scale,
@@ -211,37 +214,38 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
                         s_regs=s_regs, o_regs=o_regs, p_regs=HALF * bn // 256,
                         head_dim_v=head_dim_v, scale_log2=scale_log2, mask=mask,
                         issue_qk=issue_qk)
-    mainloop = mainloop_factory(t)
+    loop = mainloop_factory(t)
     produce_kv = kv_producer(bn, stages)
 
     @T.macro
-    def consumer(wg, Out, q_s, k_s, v_s, q_full, q_empty, k_full, k_empty, v_full, v_empty, qt,
-                 head, b, loop_range, slot=0, use=0, it0=0, first=True):
-        """One consumer warpgroup's tile. Persistent kernels pass the tile's Q slot, how often
-        the slot was used before, the KV blocks streamed for earlier tiles and whether this is
-        the CTA's first tile."""
+    def epilogue(wg, acc_o, row_sum, inv_sum, q_s, slot, q_empty, out_tile):
+        """O / l → this warpgroup's half of the tile's Q slot (its last QK GEMM has retired)
+        → TMA store; persistent: hand the slot back once the store has read it."""
+        normalize_o(acc_o, row_sum, inv_sum, HALF, head_dim_v)
+        store_o(acc_o, q_s[slot, wg, :, :], out_tile, epilogues[wg])
+        if cfg.persistent:
+            # the store's TMA has read the slot (its issuing thread waited): hand it back
+            T.sync_threads(epilogues[wg], 128)
+            T.mbarrier_arrive(q_empty[slot])
+
+    @T.macro
+    def consumer(wg, Out, q_s, k_s, v_s, q_full, k_full, k_empty, v_full, v_empty, qt, head, b,
+                 loop_range):
+        """One consumer warpgroup's tile (the non-persistent grid)."""
         row0 = qt * BLOCK_M + wg * HALF  # first query row of this warpgroup
         acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum = \
             alloc_softmax_state(HALF, bn, head_dim_v, dtype)
         T.fill(acc_o, 0)
         T.fill(row_sum, 0)
         T.fill(row_max, neg_inf)
-        T.mbarrier_wait_parity(q_full[slot], use % 2)
+        T.mbarrier_wait_parity(q_full[0], 0)
         if cfg.pingpong and wg == 1:
-            if first:
-                # WG1 goes first: WG2 pre-pays its arrival on WG1's scheduler barrier.
-                T.named_barrier_arrive(schedulers[0], CONSUMER_THREADS)
-        mainloop(wg, row0, q_s, k_s, v_s, k_full, k_empty, v_full, v_empty, loop_range,
-                 acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum, slot,
-                 it0)
-
-        normalize_o(acc_o, row_sum, row_rescale, HALF, head_dim_v)
-        # this warpgroup's Q rows are dead once its last QK GEMM retired
-        store_o(acc_o, q_s[slot, wg, :, :], Out[b, row0:row0 + HALF, head, :], epilogues[wg])
-        if cfg.persistent:
-            # the store's TMA has read the slot (its issuing thread waited): hand it back
-            T.sync_threads(epilogues[wg], 128)
-            T.mbarrier_arrive(q_empty[slot])
+            # WG1 goes first: WG2 pre-pays its arrival on WG1's scheduler barrier.
+            T.named_barrier_arrive(schedulers[0], CONSUMER_THREADS)
+        loop.tile(wg, row0, q_s, k_s, v_s, k_full, k_empty, v_full, v_empty, loop_range, acc_s,
+                  p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum, 0, 0)
+        epilogue(wg, acc_o, row_sum, row_rescale, q_s, 0, None,
+                 Out[b, row0:row0 + HALF, head, :])
 
     @T.macro
     def producer(Q, K, V, q_s, k_s, v_s, q_full, q_empty, k_full, k_empty, v_full, v_empty, qt,
@@ -289,12 +293,12 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
                                  v_empty, qt, head, b, loop_range)
                 elif tx < 128:
                     T.set_max_nreg(240, 1)
-                    consumer(0, Out, q_s, k_s, v_s, q_full, None, k_full, k_empty, v_full, v_empty,
-                             qt, head, b, loop_range)
+                    consumer(0, Out, q_s, k_s, v_s, q_full, k_full, k_empty, v_full, v_empty, qt,
+                             head, b, loop_range)
                 else:
                     T.set_max_nreg(240, 1)
-                    consumer(1, Out, q_s, k_s, v_s, q_full, None, k_full, k_empty, v_full, v_empty,
-                             qt, head, b, loop_range)
+                    consumer(1, Out, q_s, k_s, v_s, q_full, k_full, k_empty, v_full, v_empty, qt,
+                             head, b, loop_range)
 
         return main
 
@@ -328,12 +332,34 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
         @T.macro
         def consumer_tiles(wg, Out, q_s, k_s, v_s, q_full, q_empty, k_full, k_empty, v_full,
                            v_empty, cta, my_tiles):
+            """One consumer warpgroup's tiles. Each tile's last PV shares an issue turn with
+            the next tile's first QK (``loop.drain_into_next``), so the epilogue runs beside a
+            GEMM; the state lives across tiles because that QK writes acc_s for the next."""
+            acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum = \
+                alloc_softmax_state(HALF, bn, head_dim_v, dtype)
+            part_sum = loop.alloc_row_sums()
             it0 = T.alloc_var("int32", init=0)  # KV blocks consumed for earlier tiles
+            T.mbarrier_wait_parity(q_full[0], 0)
+            if cfg.pingpong and wg == 1:
+                # WG1 goes first: WG2 pre-pays its arrival on WG1's scheduler barrier.
+                T.named_barrier_arrive(schedulers[0], CONSUMER_THREADS)
+            loop.first_qk(wg, q_s, 0, k_s, k_full, acc_s, 0)
             for i in T.serial(my_tiles):
                 qt, head, b = tile_coords(i, cta)
-                consumer(wg, Out, q_s, k_s, v_s, q_full, q_empty, k_full, k_empty, v_full,
-                         v_empty, qt, head, b, kv_blocks(qt), i % 2, i // 2, it0, i == 0)
+                row0 = qt * BLOCK_M + wg * HALF
+                T.fill(acc_o, 0)
+                T.fill(row_sum, 0)
+                T.fill(row_max, neg_inf)
+                loop.blocks(wg, row0, q_s, k_s, v_s, k_full, k_empty, v_full, v_empty,
+                            kv_blocks(qt), acc_s, p, acc_o, row_max, row_max_prev, row_rescale,
+                            block_sum, row_sum, part_sum, i % 2, it0)
+                loop.drain_into_next(wg, q_s, k_s, v_s, q_full, k_full, v_full, v_empty,
+                                     kv_blocks(qt), acc_s, p, acc_o, row_sum, part_sum, it0,
+                                     i + 1 < my_tiles, (i + 1) % 2, (i + 1) // 2)
+                epilogue(wg, acc_o, row_sum, row_rescale, q_s, i % 2, q_empty,
+                         Out[b, row0:row0 + HALF, head, :])
                 it0 += kv_blocks(qt)
+            T.wait_wgmma(0)  # the throwaway QK after the last tile
 
         @T.prim_func
         def main(

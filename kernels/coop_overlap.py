@@ -17,6 +17,7 @@ HGMMA when one does (remark C7515, NOTES.md). The fences after each wait are wri
 0.1.15 emits its own only before the wait (``ws_lab/upstream/wgmma_fence_before_wait.py``).
 """
 import functools
+from types import SimpleNamespace
 
 import tilelang.language as T
 
@@ -78,14 +79,20 @@ def _mainloop_factory(deferred_sums: bool, split_mask: bool):
             commit_probs(acc_s, p, acc_o, row_rescale, HALF, t.head_dim_v)
 
         @T.macro
-        def mainloop(wg, row0, q_s, k_s, v_s, k_full, k_empty, v_full, v_empty, loop_range,
-                     acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum,
-                     slot, it0):
-            part_sum = alloc_partial_sums(HALF, t.bn) if deferred_sums else None
+        def first_qk(wg, q_s, slot, k_s, k_full, acc_s, it0):
+            """Issue S_0 of a tile in this warpgroup's turn (no wait)."""
             stage0 = it0 % t.stages  # it0: blocks the CTA streamed for earlier tiles (persistent)
             t.issue_qk(wg, q_s, slot, k_s, k_full, stage0, (it0 // t.stages) % 2, acc_s)
             if t.pingpong:
                 T.named_barrier_arrive(t.schedulers[1 - wg], CONSUMER_THREADS)
+
+        @T.macro
+        def blocks(wg, row0, q_s, k_s, v_s, k_full, k_empty, v_full, v_empty, loop_range, acc_s,
+                   p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum, part_sum,
+                   slot, it0):
+            """S_0 in flight → its softmax, then blocks 1 … n-1 with S_kb beside PV_{kb-1};
+            the last PV is left to ``drain`` / ``drain_into_next``."""
+            stage0 = it0 % t.stages
             T.wait_wgmma(0)
             T.warpgroup_fence_operand(acc_s, num_regs=t.s_regs)
             T.mbarrier_arrive(k_empty[stage0])
@@ -109,6 +116,10 @@ def _mainloop_factory(deferred_sums: bool, split_mask: bool):
                     step(wg, kb, row0, t.mask, q_s, k_s, v_s, k_full, k_empty, v_full, v_empty,
                          acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum,
                          part_sum, slot, it0)
+
+        @T.macro
+        def drain(v_s, v_full, v_empty, loop_range, p, acc_o, row_sum, part_sum, it0):
+            """The tile's last PV, alone: issue, finish the row sums under it, wait."""
             last = (it0 + loop_range - 1) % t.stages
             T.mbarrier_wait_parity(v_full[last], ((it0 + loop_range - 1) // t.stages) % 2)
             T.wgmma_gemm(p, v_s[last, :, :], acc_o, clear_accum=False)
@@ -118,7 +129,48 @@ def _mainloop_factory(deferred_sums: bool, split_mask: bool):
             T.warpgroup_fence_operand(acc_o, num_regs=t.o_regs)
             T.mbarrier_arrive(v_empty[last])
 
-        return mainloop
+        @T.macro
+        def drain_into_next(wg, q_s, k_s, v_s, q_full, k_full, v_full, v_empty, loop_range,
+                            acc_s, p, acc_o, row_sum, part_sum, it0, has_next, next_slot,
+                            next_use):
+            """Persistent: the tile's last PV and the next tile's S_0 in one issue turn, then
+            wait<1> (PV retired): the epilogue that follows runs beside S_0. After the CTA's
+            last tile S_0 is a throwaway product of the stale next slot and stage (no loads
+            are pending then), so every entry to the tile loop has one QK in flight; the
+            kernel waits for it before exit."""
+            last = (it0 + loop_range - 1) % t.stages
+            nxt = it0 + loop_range
+            T.mbarrier_wait_parity(v_full[last], ((it0 + loop_range - 1) // t.stages) % 2)
+            if t.pingpong:
+                T.sync_threads(t.schedulers[wg], CONSUMER_THREADS)
+            T.wgmma_gemm(p, v_s[last, :, :], acc_o, clear_accum=False)
+            if has_next:
+                T.mbarrier_wait_parity(q_full[next_slot], next_use % 2)
+                T.mbarrier_wait_parity(k_full[nxt % t.stages], (nxt // t.stages) % 2)
+            T.wgmma_gemm(q_s[next_slot, wg, :, :], k_s[nxt % t.stages, :, :], acc_s,
+                         transpose_B=True, clear_accum=True)
+            if t.pingpong:
+                T.named_barrier_arrive(t.schedulers[1 - wg], CONSUMER_THREADS)
+            if deferred_sums:
+                T.reduce_sum(part_sum, row_sum, dim=1)  # under the two GEMMs
+            T.wait_wgmma(1)
+            T.warpgroup_fence_operand(acc_o, num_regs=t.o_regs)
+            T.mbarrier_arrive(v_empty[last])
+
+        @T.macro
+        def tile(wg, row0, q_s, k_s, v_s, k_full, k_empty, v_full, v_empty, loop_range, acc_s,
+                 p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum, slot, it0):
+            """One tile on its own: S_0, the blocks, the last PV drained."""
+            part_sum = alloc_partial_sums(HALF, t.bn) if deferred_sums else None
+            first_qk(wg, q_s, slot, k_s, k_full, acc_s, it0)
+            blocks(wg, row0, q_s, k_s, v_s, k_full, k_empty, v_full, v_empty, loop_range, acc_s,
+                   p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum, part_sum,
+                   slot, it0)
+            drain(v_s, v_full, v_empty, loop_range, p, acc_o, row_sum, part_sum, it0)
+
+        return SimpleNamespace(
+            tile=tile, first_qk=first_qk, blocks=blocks, drain_into_next=drain_into_next,
+            alloc_row_sums=lambda: alloc_partial_sums(HALF, t.bn) if deferred_sums else None)
 
     return factory
 
