@@ -19,10 +19,13 @@ The consumer's KV loop is a parameter of ``coop_fwd`` (``serial_mainloop`` here;
 ``kernels/coop_overlap.py`` plugs in FA3's IntraWGOverlap loop and shares everything else).
 
 Persistent (``Config.persistent``, FA3 ``StaticPersistentTileScheduler``; D 64/128): one CTA per
-SM walks one tile per round, numbered heaviest first, rounds zigzagging; the K/V ring's stage/phase run on
+SM walks one tile per round, numbered heaviest first, rounds zigzagging, in groups of 16 Q tiles
+of one head when the K/V exceed half of L2 (``tile_rank``); the K/V ring's stage/phase run on
 across tiles (``it0``), Q is double-buffered by tile parity behind q_full[2] / q_empty[2] (256:
 both consumers, once their O store has read the slot), so the next tile's Q and K/V stream in
-while this tile's O is stored. Pingpong's pre-paid turn is taken once per CTA.
+while this tile's O is stored, and each tile's last PV shares an issue turn with the next
+tile's first QK (the mainloop's ``drain_into_next``). Pingpong's pre-paid turn is taken once
+per CTA.
 
 Pingpong (``Config.pingpong``, FA3 ``warp_scheduler_barrier_sync/arrive``): a consumer issues
 its QK GEMM only after the other consumer has issued its own, so one warpgroup's GEMMs run

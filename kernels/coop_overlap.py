@@ -15,6 +15,12 @@ Block 0 is peeled (S_0 and its softmax, nothing to overlap) and the last PV is d
 loop, so no wgmma group stays in flight across the loop's back edge — ptxas serializes every
 HGMMA when one does (remark C7515, NOTES.md). The fences after each wait are written here; TileLang
 0.1.15 emits its own only before the wait (``ws_lab/upstream/wgmma_fence_before_wait.py``).
+
+Row sums are deferred (16-column per-thread partial sums, one quad reduction per tile, under the
+last PV) and a causal or ragged KV loop is split at its first masked block, as in FA3 / TileOPs
+(switches of ``overlap_mainloop``, both on). The persistent kernel uses the loop in pieces: a
+tile's last PV and the next tile's S_0 share one issue turn (``drain_into_next``), so the
+epilogue runs beside a GEMM.
 """
 import functools
 from types import SimpleNamespace

@@ -29,6 +29,7 @@ class Emitted:
     rewrites: list
     dyn_smem: int
     threads: int
+    nvcc_options: tuple = ()  # the device-compile flags TileLang adds for the kernel's pass configs
 
 
 def lower_prim_func(func, pass_configs=None):
@@ -54,10 +55,20 @@ def lower(kernel_name: str, shape: shapes.Shape, run_postproc: bool | None = Non
     smem = int(attrs["dyn_shared_memory_buf"]) if "dyn_shared_memory_buf" in attrs else 0
     use_pass = kernel.postprocessed if run_postproc is None else run_postproc
     post, rewrites = postprocess(art.kernel_source) if use_pass else (art.kernel_source, [])
-    return Emitted(kernel_name, shape, art.kernel_source, post, rewrites, smem, threads)
+    return Emitted(kernel_name, shape, art.kernel_source, post, rewrites, smem, threads,
+                   nvcc_options_for(kernel.pass_configs))
 
 
-def nvcc_cubin(source: str, cubin: Path) -> str:
+def nvcc_options_for(pass_configs) -> tuple:
+    """The flags TileLang's CUDA backend passes nvcc for these pass configs
+    (``tilelang/cuda/backend.py``): the cubin inspected here must be the one that runs."""
+    import tilelang
+
+    return (("--use_fast_math",)
+            if (pass_configs or {}).get(tilelang.PassConfigKey.TL_ENABLE_FAST_MATH) else ())
+
+
+def nvcc_cubin(source: str, cubin: Path, options: tuple = ()) -> str:
     """Compiles CUDA source to an sm_90a cubin as TileLang would; returns ptxas's -v report."""
     from tilelang import env
 
@@ -68,7 +79,7 @@ def nvcc_cubin(source: str, cubin: Path) -> str:
     cu.write_text(source)
     cmd = [nvcc, "-std=c++20", "-O3", "-w", "-lineinfo", "--cubin", "-gencode",
            "arch=compute_90a,code=sm_90a", "-Xptxas", "-v", f"-I{env.TILELANG_TEMPLATE_PATH}",
-           f"-I{env.CUTLASS_INCLUDE_DIR}", "-o", str(cubin), str(cu)]
+           f"-I{env.CUTLASS_INCLUDE_DIR}", *options, "-o", str(cubin), str(cu)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError(f"nvcc failed ({done.returncode}):\n{done.stderr[-4000:]}")
@@ -84,7 +95,7 @@ def inspect(emitted: Emitted, out_dir: Path) -> sass.SassSummary:
                                 f"{stem}.cu", f"{stem}.post.cu")
     (out_dir / f"{stem}.diff").write_text("".join(diff))
     cubin = out_dir / f"{stem}.cubin"
-    ptxas = nvcc_cubin(emitted.postprocessed, cubin)
+    ptxas = nvcc_cubin(emitted.postprocessed, cubin, emitted.nvcc_options)
     sass_text = sass.dump_sass(cubin)
     (out_dir / f"{stem}.sass").write_text(sass_text)
     summary = sass.parse_ptxas(ptxas, sass.summarize_sass(sass_text))

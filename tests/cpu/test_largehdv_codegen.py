@@ -26,7 +26,6 @@ def test_largehdv_compiles_warp_specialized(tmp_path, head_dim_v, causal):
     assert {f"64x64x16.F32", f"64x{n}x16.F32.RS", f"64x{n}x16.F32"} == set(summary.hgmma)
     assert sorted(summary.setmaxnreg) == ["DEALLOC 24", "TRY_ALLOC 240", "TRY_ALLOC 240"]
     assert summary.spill_bytes == 0 and summary.stack_frame == 0
-    assert summary.counts["FCHK"] == 0  # O normalized by reciprocals, not IEEE divisions
     assert summary.dyn_smem <= 227 * 1024
     # WG1's QK of block n is in flight with its PV of block n-1, and ptxas serialized nothing
     assert sass.overlaps_gemm_and_softmax(summary)
