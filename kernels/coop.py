@@ -218,6 +218,9 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
                         head_dim_v=head_dim_v, scale_log2=scale_log2, mask=mask,
                         issue_qk=issue_qk)
     loop = mainloop_factory(t)
+    if cfg.persistent and not hasattr(loop, "drain_into_next"):
+        raise ValueError("the persistent kernel needs a mainloop whose last PV can share an issue "
+                         "turn with the next tile's first QK (kernels.coop_overlap)")
     produce_kv = kv_producer(bn, stages)
 
     @T.macro

@@ -184,3 +184,8 @@ def test_persistent_epilogue_runs_beside_the_next_tiles_first_qk(tmp_path):
     for i in stores:
         last_wait = next(op for op in reversed(ops[:i]) if op.startswith("WARPGROUP"))
         assert last_wait.endswith("0x1"), ops[max(0, i - 4):i + 1]
+
+
+def test_persistent_refuses_the_serial_mainloop():
+    with pytest.raises(ValueError, match="persistent kernel needs"):
+        coop.prim_func_for(shapes.get("llama8b-4k"), persistent=True)
