@@ -111,8 +111,9 @@ def rescale_o(acc_o, row_rescale, rows, head_dim_v):
 
 @T.macro
 def normalize_o(acc_o, row_sum, inv_sum, rows, head_dim_v):
-    """O /= row sums, as one reciprocal per row and FMULs: a division per element compiles to
-    IEEE div.rn.f32 (FCHK + a slow-path CALL each, ~1000 SASS instructions per 64-row tile)."""
+    """O /= row sums, as one reciprocal per row and FMULs. A division per element costs a
+    MUFU.RCP + FMUL each with --use_fast_math, and without it (pipelined) an IEEE div.rn.f32
+    with its FCHK slow-path check each."""
     for i in T.Parallel(rows):
         inv_sum[i] = 1.0 / row_sum[i]
     for i, j in T.Parallel(rows, head_dim_v):
