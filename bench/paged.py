@@ -2,7 +2,7 @@
 paged op and the HBM floor, in one process.
 
     python bench/paged.py                  # the named rows (block size 16)
-    python bench/paged.py --sweep          # 71 shapes: how often auto is within 5 % of the best
+    python bench/paged.py --sweep          # 82 shapes: how often auto is within 5 % of the best
 """
 import argparse
 import json
@@ -31,7 +31,7 @@ def tune(copy_gbps, json_path=None):
     import math
 
     grid = [paged.LaunchConfig(*c) for c in
-            itertools.product((64, 128), (4, 8), (2, 3), (2, 4), (0, 8))]
+            itertools.product((64, 128), (4, 8), (2, 3), (2, 4), (0, 8), (0, 64))]
     us = {cfg: [] for cfg in grid}
     for row, cfg in itertools.product(TUNE_ROWS, grid):
         r = bp.measure_row(row, ["split_k"], copy_gbps, with_peers=False, config=cfg)
@@ -40,7 +40,7 @@ def tune(copy_gbps, json_path=None):
     best = [min(t[i] for t in us.values()) for i in range(len(TUNE_ROWS))]
     score = {cfg: math.exp(sum(math.log(t / b) for t, b in zip(ts, best)) / len(best))
              for cfg, ts in us.items()}
-    print("| config (tile,warps,stages,waves,scratch_div) | " + " | ".join(
+    print("| config (tile,warps,stages,waves,scratch_div,merge_partials) | " + " | ".join(
         f"{r.name} B{r.batch} µs" for r in TUNE_ROWS) + " | geomean ×best |")
     print("|---|" + "---|" * (len(TUNE_ROWS) + 1))
     for cfg in sorted(grid, key=score.get)[:12]:
@@ -61,8 +61,9 @@ def main():
     ap.add_argument("--block-size", type=int, nargs="+", default=[16])
     ap.add_argument("--json", type=Path)
     ap.add_argument("--tune", action="store_true", help="sweep split_k launch configs on TUNE_ROWS")
-    ap.add_argument("--config", help="launch config 'tile,warps,stages,waves[,scratch_div]' "
-                                     "(default: each mode's kernels.paged.DEFAULTS)")
+    ap.add_argument("--config", help="launch config 'tile,warps,stages,waves[,scratch_div"
+                                     "[,merge_partials]]' (default: each mode's "
+                                     "kernels.paged.launch_config)")
     args = ap.parse_args()
     import torch
 

@@ -10,14 +10,20 @@ CUDA-graph capturable):
            ``tl.dot``), so each K/V tile is loaded once per group.
   split_k  grid (B, Hkv, segments): each program covers ``segment_tokens`` of the context and
            writes its (m, l) and its normalized partial O (input dtype) to scratch; a reduce
-           kernel (B, Hq) merges them. Segments past a sequence's length write m = -inf, l = 0
-           and vanish in the reduce.
+           kernel (B, Hq) merges them — or (``LaunchConfig.merge_partials``) the last program
+           of each (b, KV head) to finish merges its group's heads, counted by an int32 arrival
+           counter it resets, so no second launch. Segments past a sequence's length write
+           m = -inf, l = 0 and vanish in the merge.
   auto     picks one of the three from the shape (``choose_mode``; rule from NOTES.md's sweep).
 
 Tokens are gathered per row through the block table (row t: block ``block_table[b, t //
 block_size]``, slot ``t % block_size``), so any block size 8–128 uses the same ``LaunchConfig.tile_n``-token
 tiles. fp32 inputs use ``input_precision="ieee"``: TF32 would cost ~4e-4 of accuracy.
+
+The arrival counters are a cached per-device workspace (zero between calls): split_k calls that
+merge in-kernel must not run concurrently on two streams of one device.
 """
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -41,23 +47,45 @@ class LaunchConfig:
     # and read back: group · segments / context of the K/V bytes) stays within 1/scratch_div of
     # the K/V read; 0: no cap.
     scratch_div: int = 0
-
+    # split_k: the last segment program of each (b, KV head) merges its heads (no reduce
+    # launch) when group × segments ≤ merge_partials; else the reduce kernel.
+    merge_partials: int = 0
     @classmethod
     def parse(cls, text: str) -> "LaunchConfig":
-        """'tile_n,num_warps,num_stages,waves[,scratch_div]' (the form bench/paged.py prints)."""
+        """'tile_n,num_warps,num_stages,waves[,scratch_div[,merge_partials]]' (the form
+        bench/paged.py prints)."""
         return cls(*(int(x) for x in text.split(",")))
 
     def __str__(self):
-        return f"{self.tile_n},{self.num_warps},{self.num_stages},{self.waves},{self.scratch_div}"
+        return (f"{self.tile_n},{self.num_warps},{self.num_stages},{self.waves},"
+                f"{self.scratch_div},{self.merge_partials}")
 
 
-# Per mode, from `python bench/paged.py --tune` on the H100 (NOTES.md, 2026-11-22, session 3):
-# split_k's config has the best geometric mean over the four tuned rows (llama7b-8k, llama3-8b B8,
-# llama70b B4, MQA B16); gqa (B·Hkv ≥ SMs, one program per KV head, streaming at the HBM floor)
-# keeps 128-token tiles on 8 warps, 3–7 % faster there than split_k's 64 on 4.
+# Per mode, from `python bench/paged.py --tune` on the H100 (NOTES.md, 2026-11-22, sessions 3
+# and 5, inputs rotated past L2 since session 5): split_k's tile/warps/stages/waves have the best
+# geometric mean over the tuned rows; its in-kernel merge pays where it reads ≤ 64 partial rows
+# (llama70b B8 26.2 → 23.0 µs) and loses where the group is large (MQA: one program merging 32
+# heads, 20 → 27 µs). gqa (B·Hkv ≥ SMs, one program per KV head, streaming at the HBM floor)
+# keeps 128-token tiles on 8 warps, 3–7 % faster there than 64 on 4; ``launch_config`` deepens
+# its pipeline where the grid is short.
 DEFAULTS = {"v1": LaunchConfig(tile_n=128, num_warps=8, num_stages=2, waves=4),
             "gqa": LaunchConfig(tile_n=128, num_warps=8, num_stages=2, waves=4),
-            "split_k": LaunchConfig(tile_n=64, num_warps=4, num_stages=2, waves=4, scratch_div=8)}
+            "split_k": LaunchConfig(tile_n=64, num_warps=4, num_stages=2, waves=4, scratch_div=8,
+                                    merge_partials=64)}
+GQA_DEEP_STAGES = 3
+
+
+def launch_config(mode, batch, kv_heads, sm_count) -> LaunchConfig:
+    """The mode's default config for this grid. gqa with B·Hkv ≤ 2·SMs (at most two programs
+    per SM) takes GQA_DEEP_STAGES stages: measured 1–3 % faster on the B·Hkv 256 rows
+    (NOTES.md, session 5). Larger gqa grids keep the 2 stages the sweeps validated (3 stages
+    there were within ±2 % in one sweep: not enough to change)."""
+    config = DEFAULTS[mode]
+    if mode == "gqa" and batch * kv_heads <= 2 * sm_count:
+        return dataclasses.replace(config, num_stages=GQA_DEEP_STAGES)
+    return config
+
+
 TILE_BYTES = 32 * 1024  # one K (or V) tile; keeps num_stages × (K + V) tiles within shared memory
 
 
@@ -65,13 +93,18 @@ def tile_for(config: LaunchConfig, head_dim_pad: int, elem_bytes: int) -> int:
     """config.tile_n, capped so a tile of head_dim_pad-wide rows stays within TILE_BYTES."""
     return max(MIN_DOT_ROWS, min(config.tile_n, TILE_BYTES // (head_dim_pad * elem_bytes)))
 MIN_DOT_ROWS = 16  # tl.dot needs M >= 16
+INT32_MAX = 2**31 - 1
 
 
 @triton.jit
-def _token_slots(block_table_row, tokens, n_ctx, BLOCK_SIZE: tl.constexpr):
-    """(physical block, slot, valid) of each token; tokens >= n_ctx read block 0 and are masked."""
+def _token_slots(block_table_row, tokens, n_ctx, BLOCK_SIZE: tl.constexpr, WIDE: tl.constexpr):
+    """(physical block, slot, valid) of each token; tokens >= n_ctx read block 0 and are masked.
+    WIDE: element offsets into the cache need 64 bits (else 32-bit offset tiles: half the
+    registers of 64-bit ones)."""
     valid = tokens < n_ctx
-    block = tl.load(block_table_row + tokens // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
+    block = tl.load(block_table_row + tokens // BLOCK_SIZE, mask=valid, other=0)
+    if WIDE:
+        block = block.to(tl.int64)
     return block, tokens % BLOCK_SIZE, valid
 
 
@@ -80,7 +113,7 @@ def _decode_v1_kernel(Q, K, V, BlockTable, ContextLens, Out, scale_log2,
                       stride_qb, stride_qh, stride_kb, stride_ks, stride_kh,
                       stride_vb, stride_vs, stride_vh, stride_bt, stride_ob, stride_oh,
                       GROUP: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
-                      BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr):
+                      BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, WIDE: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
     kvh = h // GROUP
@@ -93,7 +126,8 @@ def _decode_v1_kernel(Q, K, V, BlockTable, ContextLens, Out, scale_log2,
     acc = tl.zeros([D_PAD], tl.float32)
     for start in range(0, n_ctx, TILE):
         tokens = start + tl.arange(0, TILE)
-        block, slot, valid = _token_slots(BlockTable + b * stride_bt, tokens, n_ctx, BLOCK_SIZE)
+        block, slot, valid = _token_slots(BlockTable + b * stride_bt, tokens, n_ctx, BLOCK_SIZE,
+                                          WIDE)
         rows_k = block * stride_kb + slot * stride_ks
         rows_v = block * stride_vb + slot * stride_vs
         mask = valid[:, None] & d_ok[None, :]
@@ -112,12 +146,14 @@ def _decode_v1_kernel(Q, K, V, BlockTable, ContextLens, Out, scale_log2,
 
 @triton.jit
 def _decode_gqa_kernel(Q, K, V, BlockTable, ContextLens, Out, MScratch, LScratch, AccScratch,
-                       scale_log2, segment_tokens,
+                       Arrivals, scale_log2, segment_tokens,
                        stride_qb, stride_qh, stride_kb, stride_ks, stride_kh,
                        stride_vb, stride_vs, stride_vh, stride_bt, stride_ob, stride_oh,
                        GROUP: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr,
                        D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
-                       SPLIT: tl.constexpr, IEEE: tl.constexpr):
+                       WIDE: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr,
+                       MERGE_IN_KERNEL: tl.constexpr, SEG_PAD: tl.constexpr,
+                       MERGE_HEADS: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     seg = tl.program_id(2)
@@ -136,7 +172,8 @@ def _decode_gqa_kernel(Q, K, V, BlockTable, ContextLens, Out, MScratch, LScratch
     acc = tl.zeros([G_PAD, D_PAD], tl.float32)
     for start in range(lo, hi, TILE):
         tokens = start + tl.arange(0, TILE)
-        block, slot, valid = _token_slots(BlockTable + b * stride_bt, tokens, hi, BLOCK_SIZE)
+        block, slot, valid = _token_slots(BlockTable + b * stride_bt, tokens, hi, BLOCK_SIZE,
+                                          WIDE)
         rows_k = block * stride_kb + slot * stride_ks
         rows_v = block * stride_vb + slot * stride_vs
         mask = valid[:, None] & d_ok[None, :]
@@ -159,7 +196,8 @@ def _decode_gqa_kernel(Q, K, V, BlockTable, ContextLens, Out, MScratch, LScratch
         m = m_new
     if SPLIT:
         n_seg = tl.num_programs(2)
-        row = (b * tl.num_programs(1) * GROUP + heads) * n_seg + seg  # scratch (B, Hq, segments)
+        heads_total = tl.num_programs(1) * GROUP
+        row = (b * heads_total + heads) * n_seg + seg  # scratch (B, Hq, segments)
         tl.store(MScratch + row, m, mask=g_ok)
         tl.store(LScratch + row, l, mask=g_ok)
         # Normalized, in the input dtype (vLLM v2 and FlashInfer keep partial outputs so): half
@@ -167,6 +205,17 @@ def _decode_gqa_kernel(Q, K, V, BlockTable, ContextLens, Out, MScratch, LScratch
         part = tl.where(l[:, None] > 0, acc / l[:, None], 0.0)
         tl.store(AccScratch + row[:, None] * D_PAD + d[None, :],
                  part.to(AccScratch.dtype.element_ty), mask=g_ok[:, None])
+        if MERGE_IN_KERNEL:
+            # Every thread's scratch stores precede the (single-thread, release) arrival; the
+            # program that arrives last acquires them all and merges the group.
+            tl.debug_barrier()
+            counter = Arrivals + b * tl.num_programs(1) + kvh
+            if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == n_seg - 1:
+                for h0 in range(0, GROUP, MERGE_HEADS):
+                    _merge_heads(MScratch, LScratch, AccScratch, Out, b, kvh * GROUP + h0,
+                                 GROUP - h0, heads_total, n_seg, stride_ob, stride_oh, D, D_PAD,
+                                 SEG_PAD, MERGE_HEADS)
+                tl.store(counter, 0)  # zero again for the next call (CUDA-graph replays)
     else:
         out = acc / l[:, None]
         tl.store(Out + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
@@ -174,22 +223,34 @@ def _decode_gqa_kernel(Q, K, V, BlockTable, ContextLens, Out, MScratch, LScratch
 
 
 @triton.jit
+def _merge_heads(MScratch, LScratch, AccScratch, Out, b, head0, n_heads, heads_total, n_seg,
+                 stride_ob, stride_oh, D: tl.constexpr, D_PAD: tl.constexpr,
+                 SEG_PAD: tl.constexpr, HEADS: tl.constexpr):
+    """Out[b, head0 : head0 + min(HEADS, n_heads)] from the heads' n_seg partials in scratch
+    (B, Hq, segments): each segment weighted by its share of the softmax mass. Loads bypass L1
+    (.cg): other SMs wrote the partials."""
+    h = tl.arange(0, HEADS)
+    h_ok = h < n_heads
+    s = tl.arange(0, SEG_PAD)
+    ok = h_ok[:, None] & (s < n_seg)[None, :]  # pow2 padding segments read as empty (m = -inf)
+    rows = (b * heads_total + head0 + h)[:, None] * n_seg + s[None, :]
+    m = tl.load(MScratch + rows, mask=ok, other=float("-inf"), cache_modifier=".cg")
+    l = tl.load(LScratch + rows, mask=ok, other=0.0, cache_modifier=".cg")
+    d = tl.arange(0, D_PAD)
+    part = tl.load(AccScratch + rows[:, :, None] * D_PAD + d[None, None, :], mask=ok[:, :, None],
+                   other=0.0, cache_modifier=".cg").to(tl.float32)
+    m_all = tl.max(m, axis=1)
+    w = l * tl.exp2(m - m_all[:, None])  # each segment's share of the softmax mass; empty: 0
+    out = tl.sum(part * w[:, :, None], axis=1) / tl.sum(w, axis=1)[:, None]
+    tl.store(Out + b * stride_ob + (head0 + h)[:, None] * stride_oh + d[None, :],
+             out.to(Out.dtype.element_ty), mask=h_ok[:, None] & (d < D)[None, :])
+
+
+@triton.jit
 def _split_reduce_kernel(MScratch, LScratch, AccScratch, Out, n_seg, stride_ob, stride_oh,
                          D: tl.constexpr, D_PAD: tl.constexpr, SEG_PAD: tl.constexpr):
-    b = tl.program_id(0)
-    h = tl.program_id(1)
-    row0 = (b * tl.num_programs(1) + h) * n_seg
-    s = tl.arange(0, SEG_PAD)
-    s_ok = s < n_seg  # pow2 padding segments read as empty (m = -inf)
-    m = tl.load(MScratch + row0 + s, mask=s_ok, other=float("-inf"))
-    l = tl.load(LScratch + row0 + s, mask=s_ok, other=0.0)
-    d = tl.arange(0, D_PAD)
-    part = tl.load(AccScratch + (row0 + s)[:, None] * D_PAD + d[None, :], mask=s_ok[:, None],
-                   other=0.0).to(tl.float32)
-    m_all = tl.max(m, axis=0)
-    w = l * tl.exp2(m - m_all)  # each segment's share of the softmax mass; empty ones: 0
-    out = tl.sum(part * w[:, None], axis=0) / tl.sum(w, axis=0)
-    tl.store(Out + b * stride_ob + h * stride_oh + d, out.to(Out.dtype.element_ty), mask=d < D)
+    _merge_heads(MScratch, LScratch, AccScratch, Out, tl.program_id(0), tl.program_id(1), 1,
+                 tl.num_programs(1), n_seg, stride_ob, stride_oh, D, D_PAD, SEG_PAD, 1)
 
 
 def _validate(q, k_cache, v_cache, block_table, context_lens, mode, softmax_scale):
@@ -255,14 +316,29 @@ def segments_for(batch, kv_heads, group, max_tokens, sm_count,
     return max(1, n_seg)
 
 
+def split_plan(batch, kv_heads, group, max_tokens, sm_count, cfg: LaunchConfig,
+               tile) -> tuple[int, int, bool]:
+    """split_k's (segments, tokens per segment, merge in the kernel?): segments of whole tiles,
+    and the in-kernel merge where it reads ≤ cfg.merge_partials partial rows."""
+    n_seg = segments_for(batch, kv_heads, group, max_tokens, sm_count, cfg, tile)
+    segment_tokens = math.ceil(max_tokens / n_seg / tile) * tile
+    n_seg = math.ceil(max_tokens / segment_tokens)
+    return n_seg, segment_tokens, group * n_seg <= cfg.merge_partials
+
+
 def choose_mode(batch, heads, kv_heads, max_tokens, sm_count) -> str:
-    """The ``auto`` rule, from the 59-shape sweep (NOTES.md, Triton paged decode, session 3):
-    gqa won every shape with B·Hkv ≥ 256, split_k all but one with B·Hkv ≤ 128 — once one
-    program per KV head fills the SMs, the split's scratch round trip and second launch buy
-    nothing."""
-    if batch * kv_heads >= sm_count:
+    """The ``auto`` rule, from the sweeps of NOTES.md (Triton paged decode, sessions 3 and 5):
+    split_k wherever B·Hkv < SMs (one program per KV head leaves SMs idle); gqa from one to two
+    programs per SM (B·Hkv 256: 10–12 % ahead) and from 4 per SM on (B·Hkv 1024: 1–9 %, 2048:
+    2–12 %); between them split_k (B·Hkv 512: 6–8 % ahead from 4k tokens, its 2 segments per
+    KV head as 3 small programs per SM against gqa's one 128 KB program)."""
+    programs = batch * kv_heads
+    if sm_count <= programs <= 2 * sm_count or programs >= GQA_FROM_PER_SM * sm_count:
         return "gqa"
     return "split_k"
+
+
+GQA_FROM_PER_SM = 4
 
 
 def paged_attention(q, k_cache, v_cache, block_table, context_lens, *, mode="auto",
@@ -277,7 +353,7 @@ def paged_attention(q, k_cache, v_cache, block_table, context_lens, *, mode="aut
     sm_count = _sm_count(q.device)
     if mode == "auto":
         mode = choose_mode(batch, heads, kv_heads, max_tokens, sm_count)
-    config = config or DEFAULTS[mode]
+    config = config or launch_config(mode, batch, kv_heads, sm_count)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
     if out is None:
         out = torch.empty_like(q)
@@ -286,34 +362,77 @@ def paged_attention(q, k_cache, v_cache, block_table, context_lens, *, mode="aut
     common = (q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
               v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_table.stride(0),
               out.stride(0), out.stride(1))
+    wide = k_cache.numel() > INT32_MAX  # an element offset into the cache may pass int32
     if mode == "v1":
         _decode_v1_kernel[(batch, heads)](q, k_cache, v_cache, block_table, context_lens, out,
                                           scale * LOG2E, *common, GROUP=group, D=head_dim,
                                           D_PAD=d_pad, BLOCK_SIZE=block_size, TILE=tile,
-                                          num_warps=config.num_warps, num_stages=config.num_stages)
+                                          WIDE=wide, num_warps=config.num_warps,
+                                          num_stages=config.num_stages)
         return out
-    g_pad = max(MIN_DOT_ROWS, triton.next_power_of_2(group))
-    meta = dict(GROUP=group, G_PAD=g_pad, D=head_dim, D_PAD=d_pad, BLOCK_SIZE=block_size,
-                TILE=tile, IEEE=q.dtype == torch.float32, num_warps=config.num_warps,
+    meta = dict(GROUP=group, G_PAD=max(MIN_DOT_ROWS, triton.next_power_of_2(group)), D=head_dim,
+                D_PAD=d_pad, BLOCK_SIZE=block_size, TILE=tile, WIDE=wide,
+                IEEE=q.dtype == torch.float32, num_warps=config.num_warps,
                 num_stages=config.num_stages)
     if mode == "gqa":
         _decode_gqa_kernel[(batch, kv_heads, 1)](
-            q, k_cache, v_cache, block_table, context_lens, out, out, out, out, scale * LOG2E,
-            max_tokens, *common, SPLIT=False, **meta)
+            q, k_cache, v_cache, block_table, context_lens, out, out, out, out, block_table,
+            scale * LOG2E, max_tokens, *common, SPLIT=False, MERGE_IN_KERNEL=False, SEG_PAD=1,
+            MERGE_HEADS=1, **meta)
         return out
-    n_seg = segments_for(batch, kv_heads, group, max_tokens, sm_count, config, tile)
-    segment_tokens = math.ceil(max_tokens / n_seg / tile) * tile
-    n_seg = math.ceil(max_tokens / segment_tokens)
+    n_seg, segment_tokens, in_kernel = split_plan(batch, kv_heads, group, max_tokens, sm_count,
+                                                  config, tile)
+    seg_pad = triton.next_power_of_2(n_seg)
     m_scratch = torch.empty(batch, heads, n_seg, dtype=torch.float32, device=q.device)
     l_scratch = torch.empty_like(m_scratch)
     acc_scratch = torch.empty(batch, heads, n_seg, d_pad, dtype=q.dtype, device=q.device)
+    arrivals = _arrival_counters(q.device, batch * kv_heads) if in_kernel else block_table
     _decode_gqa_kernel[(batch, kv_heads, n_seg)](
         q, k_cache, v_cache, block_table, context_lens, out, m_scratch, l_scratch, acc_scratch,
-        scale * LOG2E, segment_tokens, *common, SPLIT=True, **meta)
-    _split_reduce_kernel[(batch, heads)](m_scratch, l_scratch, acc_scratch, out, n_seg,
-                                         out.stride(0), out.stride(1), D=head_dim, D_PAD=d_pad,
-                                         SEG_PAD=triton.next_power_of_2(n_seg))
+        arrivals, scale * LOG2E, segment_tokens, *common, SPLIT=True, MERGE_IN_KERNEL=in_kernel,
+        SEG_PAD=seg_pad, MERGE_HEADS=merge_chunk(group, config.num_warps, seg_pad, d_pad),
+        **meta)
+    if not in_kernel:
+        _split_reduce_kernel[(batch, heads)](m_scratch, l_scratch, acc_scratch, out, n_seg,
+                                             out.stride(0), out.stride(1), D=head_dim,
+                                             D_PAD=d_pad, SEG_PAD=seg_pad,
+                                             num_warps=reduce_warps(seg_pad, d_pad))
     return out
+
+
+MERGE_ELEMS_PER_THREAD = 64
+
+
+def merge_chunk(group, num_warps, seg_pad, d_pad) -> int:
+    """Heads per step of the in-kernel merge: ~MERGE_ELEMS_PER_THREAD partial elements a thread."""
+    return min(triton.next_power_of_2(group),
+               max(1, MERGE_ELEMS_PER_THREAD * 32 * num_warps // (seg_pad * d_pad)))
+
+
+def reduce_warps(seg_pad, d_pad) -> int:
+    """Warps of a reduce program (one query head): as few as keep ~MERGE_ELEMS_PER_THREAD
+    partial elements a thread — measured, 1 warp instead of 4 takes MQA B16 from 19.8–20.2 to
+    17.7 µs and llama70b B4 from 15.6–15.8 to 14.9–15.0 (NOTES.md, session 5)."""
+    return min(8, max(1, seg_pad * d_pad // (32 * MERGE_ELEMS_PER_THREAD)))
+
+
+_ARRIVALS: dict = {}
+
+
+def _arrival_counters(device, n: int) -> torch.Tensor:
+    """≥ n zeroed int32 arrival counters on ``device``, cached: the merging program resets its
+    own, so they are zero again after every call. Inside a CUDA-graph capture with no cached
+    buffer large enough, a fresh one (its zeroing is captured with the call)."""
+    cached = _ARRIVALS.get(device)
+    if cached is not None and cached.numel() >= n:
+        return cached
+    counters = torch.zeros(n, dtype=torch.int32, device=device)
+    if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        _ARRIVALS[device] = counters
+    return counters
+
+
+STATIC_SEG_PAD = 16  # the static report's split: 16 segments
 
 
 def static_specs(heads, kv_heads, head_dim, block_size, dtype="float16"):
@@ -326,14 +445,18 @@ def static_specs(heads, kv_heads, head_dim, block_size, dtype="float16"):
     group = heads // kv_heads
     types = {n: "i32" for n in _decode_gqa_kernel.arg_names}
     types.update(Q=elem, K=elem, V=elem, Out=elem, BlockTable="*i32", ContextLens="*i32",
-                 MScratch="*fp32", LScratch="*fp32", AccScratch=elem, scale_log2="fp32")
+                 MScratch="*fp32", LScratch="*fp32", AccScratch=elem, Arrivals="*i32",
+                 scale_log2="fp32")
     specs = []
     for mode, split in (("gqa", False), ("split_k", True)):
         config = DEFAULTS[mode]
         meta = dict(GROUP=group, G_PAD=max(MIN_DOT_ROWS, triton.next_power_of_2(group)),
-                    D=head_dim, D_PAD=d_pad, BLOCK_SIZE=block_size, SPLIT=split,
+                    D=head_dim, D_PAD=d_pad, BLOCK_SIZE=block_size, SPLIT=split, WIDE=False,
                     TILE=tile_for(config, d_pad, 4 if dtype == "float32" else 2),
-                    IEEE=dtype == "float32")
+                    IEEE=dtype == "float32",
+                    MERGE_IN_KERNEL=split and group * STATIC_SEG_PAD <= config.merge_partials,
+                    SEG_PAD=STATIC_SEG_PAD if split else 1,
+                    MERGE_HEADS=merge_chunk(group, config.num_warps, STATIC_SEG_PAD, d_pad))
         specs.append(StaticSpec(f"decode_{mode}", _decode_gqa_kernel, types, meta,
                                 dict(num_warps=config.num_warps, num_stages=config.num_stages)))
     return specs

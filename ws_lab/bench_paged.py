@@ -3,7 +3,8 @@
 Each row times every mode of ``kernels.paged``, torch SDPA on the same K/V made contiguous
 (``enable_gqa=True``, the copy not timed), TileOPs' ``GQAPagedFwdOp`` and the HBM floor (bytes
 that must move / device-to-device copy bandwidth measured in the same process). Correctness of
-each mode is checked against the float64 oracle on the row's own inputs first.
+each mode is checked against the float64 oracle on the row's own inputs first. Every timing
+rotates through enough input sets to hold 4× the L2 (``rotation``), so no row times the cache.
 """
 from dataclasses import dataclass, field
 
@@ -48,11 +49,19 @@ def copy_bandwidth_gbps() -> float:
     return 2 * src.numel() * 2 / (ms * 1e-3) / 1e9
 
 
-def _time_us(fn) -> float:
-    """Median µs of CUDA-graph replays: these kernels run for tens of µs, less than one Python
-    call of the wrapper, so plain do_bench would time the host. Falls back to do_bench for an
-    implementation that cannot be captured."""
+def _time_us(calls) -> float:
+    """Median µs of CUDA-graph replays, the call cycling through ``calls`` (one per input set,
+    see ``rotation``): these kernels run for tens of µs, less than one Python call of the
+    wrapper, so plain do_bench would time the host. Falls back to do_bench for an implementation
+    that cannot be captured."""
+    import itertools
+
     import triton.testing
+
+    turn = itertools.cycle(calls)
+
+    def fn():
+        return next(turn)()
 
     try:
         return 1e3 * triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
@@ -61,7 +70,22 @@ def _time_us(fn) -> float:
         return 1e3 * triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
+ROTATE_L2_MULTIPLE = 4  # input sets rotate until they hold this many times the L2
+
+
+def rotation(row: PagedRow) -> int:
+    """Input sets to rotate through: back-to-back replays over one K/V that fits in L2 would
+    time the L2 (a 34 MB row ran at 109 % of HBM copy bandwidth that way)."""
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    return max(1, min(MAX_SETS, -(-ROTATE_L2_MULTIPLE * l2 // row.kv_bytes())))
+
+
+MAX_SETS = 1024
+
+
 def measure_row(row: PagedRow, modes, copy_gbps, with_peers=True, config=None) -> PagedResult:
+    """Checks each mode against the oracle on the first input set, then times every
+    implementation rotating over ``rotation(row)`` sets (same block tables, own K/V and q)."""
     from kernels import paged
 
     launch = {} if config is None else {"config": config}
@@ -72,48 +96,60 @@ def measure_row(row: PagedRow, modes, copy_gbps, with_peers=True, config=None) -
                                              row.block_size, [row.context] * row.batch, dtype,
                                              "cuda")
     ref = oracle.paged_attention_ref(q, kc, vc, table, lens)
+    sets = [(q, kc, vc)] + [(q.clone(), kc.clone(), vc.clone()) for _ in range(rotation(row) - 1)]
+    res.notes["sets"] = len(sets)
     for mode in modes:
         out = torch.full_like(q, float("nan"))
         paged.paged_attention(q, kc, vc, table, lens, mode=mode, out=out, **launch)
         res.errors[mode] = oracle.rel_l2(out, ref)
-        res.us[mode] = _time_us(lambda: paged.paged_attention(q, kc, vc, table, lens, mode=mode,
-                                                              out=out, **launch))
+        res.us[mode] = _time_us([
+            lambda s=s: paged.paged_attention(s[0], s[1], s[2], table, lens, mode=mode, out=out,
+                                              **launch) for s in sets])
     res.notes["auto"] = paged.choose_mode(row.batch, row.heads, row.kv_heads,
                                           table.shape[1] * row.block_size, paged._sm_count(q.device))
     if with_peers:
-        _measure_peers(res, q, kc, vc, table, lens)
+        _measure_peers(res, sets, table, lens)
     res.us["floor"] = row.kv_bytes() / (copy_gbps * 1e9) * 1e6
+    del sets
     torch.cuda.empty_cache()
     return res
 
 
-def _measure_peers(res, q, kc, vc, table, lens):
+def _measure_peers(res, sets, table, lens):
     import torch.nn.functional as F
 
     row = res.row
     n_blocks = -(-row.context // row.block_size)
-    k = kc[table[:, :n_blocks].long()].flatten(1, 2)[:, :row.context].transpose(1, 2).contiguous()
-    v = vc[table[:, :n_blocks].long()].flatten(1, 2)[:, :row.context].transpose(1, 2).contiguous()
-    q4 = q[:, :, None, :]
+    rows = table[:, :n_blocks].long()
+
+    def contiguous(cache):
+        return cache[rows].flatten(1, 2)[:, :row.context].transpose(1, 2).contiguous()
+
     try:
-        res.us["sdpa"] = _time_us(lambda: F.scaled_dot_product_attention(
-            q4, k, v, enable_gqa=row.heads != row.kv_heads))
+        dense = []
+        for q, kc, vc in sets:  # one set at a time: the gathered copies of all would double memory
+            dense.append((q[:, :, None, :], contiguous(kc), contiguous(vc)))
+        res.us["sdpa"] = _time_us([lambda d=d: F.scaled_dot_product_attention(
+            *d, enable_gqa=row.heads != row.kv_heads) for d in dense])
+        del dense
     except RuntimeError as exc:
         res.notes["sdpa"] = str(exc).splitlines()[0][:80]
     try:
         from tileops.attention import GQAPagedFwdOp
 
         op = GQAPagedFwdOp()
+        q = sets[0][0]
         cu = torch.arange(row.batch + 1, dtype=torch.int32, device=q.device)
-        op(q, kc, vc, table, lens, cu)
-        res.us["tileops"] = _time_us(lambda: op(q, kc, vc, table, lens, cu))
+        op(q, sets[0][1], sets[0][2], table, lens, cu)
+        res.us["tileops"] = _time_us([lambda s=s: op(s[0], s[1], s[2], table, lens, cu)
+                                      for s in sets])
     except Exception as exc:  # absent or refusing: n/a
         res.notes["tileops"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:80] if str(exc) else ''}"
 
 
 def table(results, modes) -> str:
     cols = list(modes) + ["sdpa", "tileops", "floor"]
-    head = (["row", "B", "Hq/Hkv", "ctx", "KV MB"] + [f"{c} µs" for c in cols]
+    head = (["row", "B", "Hq/Hkv", "ctx", "KV MB", "sets"] + [f"{c} µs" for c in cols]
             + ["auto picks", "auto GB/s", "auto % copy", "auto ×SDPA", "max rel-err"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
@@ -121,14 +157,14 @@ def table(results, modes) -> str:
         gbps = r.row.kv_bytes() / (auto * 1e-6) / 1e9 if auto else None
         sdpa = r.us.get("sdpa")
         cells = [r.row.name, str(r.row.batch), f"{r.row.heads}/{r.row.kv_heads}", str(r.row.context),
-                 f"{r.row.kv_bytes() / 1e6:.0f}"]
+                 f"{r.row.kv_bytes() / 1e6:.0f}", str(r.notes.get("sets", 1))]
         cells += ["n/a" if r.us.get(c) is None else f"{r.us[c]:.1f}" for c in cols]
         cells += [r.notes.get("auto", ""), "n/a" if gbps is None else f"{gbps:.0f}",
                   "n/a" if gbps is None else f"{100 * gbps / r.copy_gbps:.0f}",
                   "n/a" if not (auto and sdpa) else f"{sdpa / auto:.2f}",
                   f"{max(r.errors.values()):.1e}" if r.errors else "n/a"]
         lines.append("| " + " | ".join(cells) + " |")
-    notes = [f"- {r.row.name}: {k}: {v}" for r in results for k, v in r.notes.items() if k != "auto"]
+    notes = [f"- {r.row.name}: {k}: {v}" for r in results for k, v in r.notes.items() if k not in ("auto", "sets")]
     return "\n".join(lines + ([""] + notes if notes else []))
 
 
@@ -144,9 +180,9 @@ def within(results, tolerance=0.05) -> tuple[int, int]:
 
 
 def sweep_rows() -> list[PagedRow]:
-    """B × heads × context: 72 shapes, 71 within 8 GB of KV."""
+    """B × heads × context: 84 shapes, 82 within 8 GB of KV."""
     rows = [PagedRow("sweep", batch, heads, kv_heads, context)
-            for batch in (1, 2, 4, 8, 16, 64)
+            for batch in (1, 2, 4, 8, 16, 32, 64)
             for heads, kv_heads in ((32, 32), (32, 8), (64, 8), (32, 1))
             for context in (512, 4096, 16384)]
     return [r for r in rows if r.kv_bytes() <= 8e9]

@@ -1,5 +1,7 @@
 """Random paged-KV problems (blocks scattered through the pool) and their check, shared by the
 interpreter tests, the GPU tests and bench/paged.py."""
+import dataclasses
+import functools
 import secrets
 
 import torch
@@ -42,3 +44,18 @@ def check_paged(fn, *problem_args, **problem_kwargs) -> tuple[float, float, int]
     fn(q, kc, vc, table, lens, out=out)
     ref = oracle.paged_attention_ref(q, kc, vc, table, lens)
     return oracle.rel_l2(out, ref), PAGED_TOLERANCE[q.dtype], seed
+
+
+def variants() -> dict:
+    """Every path of ``kernels.paged`` the tests cover, name -> paged_attention partial: each
+    mode with its defaults, and split_k forced onto each merge (the reduce kernel; the last
+    segment program)."""
+    from kernels import paged
+
+    split = paged.DEFAULTS["split_k"]
+    forced = {"split_k-reduce": dataclasses.replace(split, merge_partials=0),
+              "split_k-merge": dataclasses.replace(split, merge_partials=1 << 30)}
+    out = {m: functools.partial(paged.paged_attention, mode=m) for m in paged.MODES + ("auto",)}
+    out.update({name: functools.partial(paged.paged_attention, mode="split_k", config=cfg)
+                for name, cfg in forced.items()})
+    return out

@@ -24,7 +24,7 @@ def interpreted():
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-EXPECTED = (2 * len(interpret_cases.PAGED) * 4) + 2 * len(interpret_cases.MHA)
+EXPECTED = 2 * len(interpret_cases.PAGED) * 6 + 2 * len(interpret_cases.MHA) + 1
 
 
 def test_every_case_ran(interpreted):
@@ -103,7 +103,18 @@ def test_launch_plan_depends_on_shapes_only():
     assert paged.segments_for(1, 1, 1, 64, 132) == 1  # never more segments than tiles
     capped = paged.LaunchConfig(128, 8, 2, 4, scratch_div=8)
     assert paged.segments_for(16, 1, 32, 4096, 132, capped) == 16  # 4096 // (8 · 32)
-    assert paged.choose_mode(64, 32, 32, 2048, 132) == "gqa"
+    split = paged.DEFAULTS["split_k"]
+    # llama70b B8 (group 8): 8 segments of 256 tokens, 64 partial rows: merged in the kernel
+    assert paged.split_plan(8, 8, 8, 2048, 132, split, 64) == (8, 256, True)
+    # MQA B16 (group 32): 16 segments, 512 partial rows: the reduce kernel
+    assert paged.split_plan(16, 1, 32, 4096, 132, split, 64) == (16, 256, False)
+    assert paged.reduce_warps(16, 128) == 1  # 64 partial elements a thread on one warp
+    assert paged.reduce_warps(512, 128) == 8
+    assert paged.launch_config("gqa", 8, 32, 132).num_stages == 3  # 256 programs: deep
+    assert paged.launch_config("gqa", 16, 32, 132).num_stages == 2  # 512: two per SM
+    assert paged.choose_mode(8, 32, 32, 2048, 132) == "gqa"  # 256 KV heads: ~2 per SM
+    assert paged.choose_mode(16, 32, 32, 2048, 132) == "split_k"  # 512: between the bands
+    assert paged.choose_mode(32, 32, 32, 2048, 132) == "gqa"  # 1024: ≥ 4 per SM
     assert paged.choose_mode(16, 32, 1, 4096, 132) == "split_k"
 
 
