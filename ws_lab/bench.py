@@ -113,14 +113,25 @@ def implementations(lab_kernels: list[str]) -> dict[str, Callable]:
 
 # --- measuring ---
 
+ROTATE_L2_MULTIPLE = 4  # rotating input sets hold this many times the L2 together
+
+
+def rotation_count(set_bytes: int, device, cap: int) -> int:
+    """How many input sets of ``set_bytes`` to cycle through so that no timing measures the L2
+    (at most ``cap``)."""
+    import torch
+
+    l2 = torch.cuda.get_device_properties(device).L2_cache_size
+    return min(cap, max(1, math.ceil(ROTATE_L2_MULTIPLE * l2 / set_bytes)))
+
+
 def _input_sets(shape: shapes.Shape, device):
     """Enough independent input sets that cycling through them defeats the L2 cache."""
     import torch
 
     from ws_lab.check import random_qkv
 
-    l2 = torch.cuda.get_device_properties(device).L2_cache_size
-    count = min(8, max(1, math.ceil(4 * l2 / shape.min_bytes())))
+    count = rotation_count(shape.min_bytes(), device, cap=8)
     dtype = getattr(torch, shape.dtype)
     return [random_qkv(shape.batch, shape.seq_len, shape.heads, shape.kv_heads, shape.head_dim,
                        shape.head_dim_v, dtype, device)[0] for _ in range(count)]

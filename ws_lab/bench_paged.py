@@ -70,17 +70,15 @@ def _time_us(calls) -> float:
         return 1e3 * triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
-ROTATE_L2_MULTIPLE = 4  # input sets rotate until they hold this many times the L2
+MAX_SETS = 1024  # the smallest sweep rows (0.3 MB of K/V) need ~700 sets to cover 4× the L2
 
 
 def rotation(row: PagedRow) -> int:
     """Input sets to rotate through: back-to-back replays over one K/V that fits in L2 would
     time the L2 (a 34 MB row ran at 109 % of HBM copy bandwidth that way)."""
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    return max(1, min(MAX_SETS, -(-ROTATE_L2_MULTIPLE * l2 // row.kv_bytes())))
+    from ws_lab.bench import rotation_count
 
-
-MAX_SETS = 1024
+    return rotation_count(row.kv_bytes(), "cuda", cap=MAX_SETS)
 
 
 def measure_row(row: PagedRow, modes, copy_gbps, with_peers=True, config=None) -> PagedResult:
