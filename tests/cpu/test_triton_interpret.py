@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tests.cpu import interpret_cases
+from ws_lab.paged_cases import variants
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +25,8 @@ def interpreted():
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-EXPECTED = 2 * len(interpret_cases.PAGED) * 6 + 2 * len(interpret_cases.MHA) + 1
+# per dtype: every paged variant on every case, every MHA case; plus the counter check
+EXPECTED = 2 * len(interpret_cases.PAGED) * len(variants()) + 2 * len(interpret_cases.MHA) + 1
 
 
 def test_every_case_ran(interpreted):
