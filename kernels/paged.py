@@ -67,22 +67,24 @@ class LaunchConfig:
 # (llama70b B8 26.2 → 23.0 µs) and loses where the group is large (MQA: one program merging 32
 # heads, 20 → 27 µs). gqa (B·Hkv ≥ SMs, one program per KV head, streaming at the HBM floor)
 # keeps 128-token tiles on 8 warps, 3–7 % faster there than 64 on 4; ``launch_config`` deepens
-# its pipeline where the grid is short.
+# its pipeline and halves its warps where the grid is short.
 DEFAULTS = {"v1": LaunchConfig(tile_n=128, num_warps=8, num_stages=2, waves=4),
             "gqa": LaunchConfig(tile_n=128, num_warps=8, num_stages=2, waves=4),
             "split_k": LaunchConfig(tile_n=64, num_warps=4, num_stages=2, waves=4, scratch_div=8,
                                     merge_partials=64)}
-GQA_DEEP_STAGES = 3
+# gqa on a short grid (B·Hkv ≤ 2·SMs: one or two programs per SM)
+GQA_SHORT_GRID = dict(num_warps=4, num_stages=3)
 
 
 def launch_config(mode, batch, kv_heads, sm_count) -> LaunchConfig:
-    """The mode's default config for this grid. gqa with B·Hkv ≤ 2·SMs (at most two programs
-    per SM) takes GQA_DEEP_STAGES stages: measured 1–3 % faster on the B·Hkv 256 rows
-    (NOTES.md, session 5). Larger gqa grids keep the 2 stages the sweeps validated (3 stages
-    there were within ±2 % in one sweep: not enough to change)."""
+    """The mode's default config for this grid. gqa with B·Hkv ≤ 2·SMs takes GQA_SHORT_GRID:
+    3 stages measured 1–3 % faster on the B·Hkv 256 rows (NOTES.md, session 5), and on 4 warps
+    another 0.3–0.8 % (llama7b-8k 346.6 → 344.7 µs, session 6). Larger gqa grids keep the
+    8 warps × 2 stages the sweeps validated (3 stages there were within ±2 % in one sweep: not
+    enough to change)."""
     config = DEFAULTS[mode]
     if mode == "gqa" and batch * kv_heads <= 2 * sm_count:
-        return dataclasses.replace(config, num_stages=GQA_DEEP_STAGES)
+        return dataclasses.replace(config, **GQA_SHORT_GRID)
     return config
 
 
