@@ -44,7 +44,9 @@ TileLang's automatic barrier insertion is off (``tl.disable_thread_storage_sync`
 is a race (tilelang #2416); the one reuse here, O into Q, is explicit and per warpgroup.
 """
 
+import contextlib
 import functools
+import inspect
 import math
 from dataclasses import dataclass
 from enum import IntEnum
@@ -55,6 +57,7 @@ import tilelang.language as T
 import torch
 from tilelang.layout import make_swizzled_layout
 
+import postproc
 from kernels import LOG2E, qtile_grid
 from kernels.softmax import alloc_softmax_state, normalize_o, online_softmax, score_mask
 from ws_lab.check import validate_attention_inputs
@@ -451,8 +454,12 @@ def persistent_device_args(device) -> tuple[int, int]:
 
 @functools.lru_cache(maxsize=None)
 def compiled(*args):
-    """The compiled kernel for ``coop_fwd``'s arguments (thread-safe)."""
-    return compile_sm90a(coop_fwd(*args), pass_configs=PASS_CONFIGS)
+    """The compiled kernel for ``coop_fwd``'s arguments (thread-safe); a mainloop factory with
+    ``postproc_passes`` compiles under those passes."""
+    factory = inspect.signature(coop_fwd).bind(*args).arguments.get("mainloop_factory")
+    passes = getattr(factory, "postproc_passes", ())
+    with postproc.active(passes=passes) if passes else contextlib.nullcontext():
+        return compile_sm90a(coop_fwd(*args), pass_configs=PASS_CONFIGS)
 
 
 def attention(q, k, v, causal=False, softmax_scale=None, out=None, pingpong: bool = True,

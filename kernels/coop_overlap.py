@@ -17,10 +17,14 @@ HGMMA when one does (remark C7515, NOTES.md). The fences after each wait are wri
 0.1.15 emits its own only before the wait (``ws_lab/upstream/wgmma_fence_before_wait.py``).
 
 Row sums are deferred (16-column per-thread partial sums, one quad reduction per tile, under the
-last PV) and a causal or ragged KV loop is split at its first masked block, as in FA3 / TileOPs
-(switches of ``overlap_mainloop``, both on). The persistent kernel uses the loop in pieces: a
-tile's last PV and the next tile's S_0 share one issue turn (``drain_into_next``), so the
-epilogue runs beside a GEMM.
+last PV), a causal or ragged KV loop is split at its first masked block, as in FA3 / TileOPs,
+and each block's row max and first 4 probabilities a thread are stored to ``wait_anchor`` (a
+write-only 64 × 8 fp32 buffer per warpgroup, 2 KB each) before wait<0>: ptxas otherwise puts
+the PV wait above all of the block's exp2 (switches of ``overlap_mainloop``, all on). The
+persistent kernel uses the loop in pieces: a tile's last PV and the next tile's S_0 share one
+issue turn (``drain_into_next``), so the epilogue runs beside a GEMM.
+
+Shared memory: coop's plus the two anchors (4 KB): D 128 164 KB, persistent 196 KB.
 """
 import functools
 from types import SimpleNamespace
@@ -32,21 +36,31 @@ from kernels.coop import CONSUMER_THREADS, HALF, PASS_CONFIGS  # noqa: F401  (em
 from kernels.softmax import (add_partial_sums, alloc_partial_sums, commit_probs,
                              first_masked_block, rescale_partial_sums, score_mask, softmax_probs,
                              softmax_stats)
+from postproc import drop_anchor_fences
 from ws_lab.shapes import Shape
 
 
-def overlap_mainloop(deferred_sums: bool = True, split_mask: bool = True):
+def overlap_mainloop(deferred_sums: bool = True, split_mask: bool = True,
+                     anchor_probs: bool = True):
     """The mainloop factory (one object per variant, so ``coop.compiled``'s cache hits).
 
     deferred_sums: each thread keeps 16-column partial row sums (``add_partial_sums``) and the
       row reduction runs once per tile, not once per block between the two waits.
     split_mask: the KV loop runs as an unmasked part and a masked tail (``first_masked_block``),
-      so no block tests whether it needs the mask."""
-    return _mainloop_factory(bool(deferred_sums), bool(split_mask))
+      so no block tests whether it needs the mask.
+    anchor_probs: each thread stores 4 probabilities of a block to a shared buffer nothing
+      reads (``wait_anchor``) before the PV wait, so ptxas keeps the row max and those exp2s
+      above the wait (TileOPs' anchor); compiled under ``postproc.anchors``, which drops the
+      proxy fences TileLang adds for the store (``ws_lab/upstream/fence_proxy_for_unrelated_smem.py``)."""
+    return _mainloop_factory(bool(deferred_sums), bool(split_mask), bool(anchor_probs))
+
+
+ANCHOR_COLS = 8  # a 64 × 8 stripe of the score tile: 4 elements a thread (wgmma layout)
+POSTPROC_PASSES = (drop_anchor_fences,)  # what the family compiles under (ws_lab.emit reads it)
 
 
 @functools.lru_cache(maxsize=None)
-def _mainloop_factory(deferred_sums: bool, split_mask: bool):
+def _mainloop_factory(deferred_sums: bool, split_mask: bool, anchor_probs: bool):
     def factory(t):
         unchecked_mask = score_mask(t.causal, t.seq_len, HALF, t.bn, checked=False)
 
@@ -63,7 +77,7 @@ def _mainloop_factory(deferred_sums: bool, split_mask: bool):
         @T.macro
         def step(wg, kb, row0, mask, q_s, k_s, v_s, k_full, k_empty, v_full, v_empty, acc_s, p,
                  acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum, part_sum, slot,
-                 it0):
+                 it0, wait_anchor):
             """Block kb ≥ 1: S_kb and PV_{kb-1} in flight together, S_kb's stats under PV."""
             stage = (it0 + kb) % t.stages
             prev = (it0 + kb - 1) % t.stages
@@ -78,6 +92,9 @@ def _mainloop_factory(deferred_sums: bool, split_mask: bool):
             if mask is not None:
                 mask(acc_s, kb, row0)
             row_stats(acc_s, row_max, row_max_prev, row_rescale, block_sum, row_sum, part_sum)
+            if anchor_probs:  # the store keeps the row max and 4 exp2s above the PV wait
+                for i, j in T.Parallel(HALF, ANCHOR_COLS):
+                    wait_anchor[i, j] = acc_s[i, j]
             T.wait_wgmma(0)
             T.warpgroup_fence_operand(acc_o, num_regs=t.o_regs)
             T.warpgroup_fence_operand(p, num_regs=t.p_regs)
@@ -107,21 +124,22 @@ def _mainloop_factory(deferred_sums: bool, split_mask: bool):
                 T.fill(part_sum, 0)  # row_max is -inf: the rescale below multiplies zeros
             row_stats(acc_s, row_max, row_max_prev, row_rescale, block_sum, row_sum, part_sum)
             commit_probs(acc_s, p, acc_o, row_rescale, HALF, t.head_dim_v)
+            wait_anchor = T.alloc_shared([HALF, ANCHOR_COLS], "float") if anchor_probs else None
             if split_mask:
                 unmasked = first_masked_block(t.causal, t.seq_len, t.bn, row0, loop_range)
                 for kb in T.serial(1, unmasked):
                     step(wg, kb, row0, None, q_s, k_s, v_s, k_full, k_empty, v_full, v_empty,
                          acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum,
-                         part_sum, slot, it0)
+                         part_sum, slot, it0, wait_anchor)
                 for kb in T.serial(unmasked, loop_range):
                     step(wg, kb, row0, unchecked_mask, q_s, k_s, v_s, k_full, k_empty, v_full,
                          v_empty, acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum,
-                         row_sum, part_sum, slot, it0)
+                         row_sum, part_sum, slot, it0, wait_anchor)
             else:
                 for kb in T.serial(1, loop_range):
                     step(wg, kb, row0, t.mask, q_s, k_s, v_s, k_full, k_empty, v_full, v_empty,
                          acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum,
-                         part_sum, slot, it0)
+                         part_sum, slot, it0, wait_anchor)
 
         @T.macro
         def drain(v_s, v_full, v_empty, loop_range, p, acc_o, row_sum, part_sum, it0):
@@ -178,6 +196,7 @@ def _mainloop_factory(deferred_sums: bool, split_mask: bool):
             tile=tile, first_qk=first_qk, blocks=blocks, drain_into_next=drain_into_next,
             alloc_row_sums=lambda: alloc_partial_sums(HALF, t.bn) if deferred_sums else None)
 
+    factory.postproc_passes = POSTPROC_PASSES if anchor_probs else ()
     return factory
 
 

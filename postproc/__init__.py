@@ -3,51 +3,89 @@
 ``postprocess(code)`` runs every pass and returns the rewritten source with a report of each
 rewrite; ``active()`` installs it as TileLang's CUDA post-processing hook for a ``with`` block
 (TileLang's kernel cache is off meanwhile: its key ignores the hook) and restores whatever hook
-was there before. Passes: ``fences.fence_after_wait``.
+was there before (blocks in several threads share one hook that runs each thread's passes). Passes:
+``fences.fence_after_wait``, ``anchors.drop_anchor_fences``; a kernel family compiles under the
+ones it needs.
 """
 import contextlib
+import threading
 
+from postproc.anchors import drop_anchor_fences
 from postproc.fences import fence_after_wait
 from postproc.report import PostprocError, Rewrite
 
-PASSES = (fence_after_wait,)
+PASSES = (fence_after_wait, drop_anchor_fences)
 HOOK = "tilelang_callback_cuda_postproc"
 
-__all__ = ["PASSES", "PostprocError", "Rewrite", "active", "postprocess"]
+__all__ = ["PASSES", "PostprocError", "Rewrite", "active", "drop_anchor_fences",
+           "fence_after_wait", "postprocess"]
 
 
-def postprocess(code: str) -> tuple[str, list[Rewrite]]:
+def postprocess(code: str, passes=PASSES) -> tuple[str, list[Rewrite]]:
     report: list[Rewrite] = []
-    for rewrite in PASSES:
+    for rewrite in passes:
         code, done = rewrite(code)
         report += done
     return code, report
 
 
+_STATE = threading.Lock()
+_LOCAL = threading.local()  # this thread's stack of (passes, on_report)
+_ACTIVE = {"blocks": 0, "previous": None, "cache_was_on": False}
+
+
 @contextlib.contextmanager
-def active(on_report=None):
-    """TileLang compiles with the post-processor inside the block; ``on_report(rewrites)`` sees
-    each kernel's report."""
+def active(on_report=None, passes=PASSES):
+    """TileLang compiles with ``passes`` inside the block; ``on_report(rewrites)`` sees each
+    kernel's report. Blocks may run in several threads at once (parallel compiles): each
+    thread's compiles take its own innermost block's passes, other threads' go through
+    unchanged (TileLang calls the hook in the compiling thread)."""
     import tilelang
-    import tvm_ffi
 
-    previous = tvm_ffi.get_global_func(HOOK, allow_missing=True)
-    cache_was_on = tilelang.is_cache_enabled()
-
-    def hook(code, target):
-        code, report = postprocess(code)
-        if on_report:
-            on_report(report)
-        return code
-
-    tilelang.register_cuda_postproc(hook)
-    tilelang.disable_cache()
+    stack = _LOCAL.__dict__.setdefault("stack", [])
+    stack.append((passes, on_report))
+    with _STATE:
+        if _ACTIVE["blocks"] == 0:
+            _ACTIVE["previous"] = _current_hook()
+            _ACTIVE["cache_was_on"] = tilelang.is_cache_enabled()
+            tilelang.register_cuda_postproc(_dispatch)
+            tilelang.disable_cache()
+        _ACTIVE["blocks"] += 1
     try:
         yield
     finally:
-        if previous is not None:
-            tilelang.register_cuda_postproc(previous)
-        else:
-            tvm_ffi.remove_global_func(HOOK)
-        if cache_was_on:
-            tilelang.enable_cache()
+        stack.pop()
+        with _STATE:
+            _ACTIVE["blocks"] -= 1
+            if _ACTIVE["blocks"] == 0:
+                _restore()
+
+
+def _current_hook():
+    import tvm_ffi
+
+    return tvm_ffi.get_global_func(HOOK, allow_missing=True)
+
+
+def _dispatch(code, target):
+    stack = getattr(_LOCAL, "stack", [])
+    if not stack:  # another thread's compile while a block is active
+        previous = _ACTIVE["previous"]
+        return previous(code, target) if previous is not None else code
+    passes, on_report = stack[-1]
+    code, report = postprocess(code, passes)
+    if on_report:
+        on_report(report)
+    return code
+
+
+def _restore():
+    import tilelang
+    import tvm_ffi
+
+    if _ACTIVE["previous"] is not None:
+        tilelang.register_cuda_postproc(_ACTIVE["previous"])
+    else:
+        tvm_ffi.remove_global_func(HOOK)
+    if _ACTIVE["cache_was_on"]:
+        tilelang.enable_cache()

@@ -43,20 +43,28 @@ def lower_prim_func(func, pass_configs=None):
 
 
 def lower(kernel_name: str, shape: shapes.Shape, run_postproc: bool | None = None) -> Emitted:
-    """Emitted CUDA of a lab kernel; ``run_postproc`` (default: whether the kernel compiles with
-    the post-processor, ``Kernel.postprocessed``) applies ``postproc`` to it."""
-    from postproc import postprocess
+    """Emitted CUDA of a lab kernel, post-processed as it runs: by the passes the kernel
+    compiles under (``Kernel.postproc_passes``); ``run_postproc`` True: every pass of
+    ``postproc``, False: none."""
+    from postproc import PASSES
 
     kernel = registry.get(kernel_name)
-    art = lower_prim_func(kernel.prim_func(shape), kernel.pass_configs)
+    passes = {None: kernel.postproc_passes, True: PASSES, False: ()}[run_postproc]
+    return lower_variant(kernel_name, shape, kernel.prim_func(shape), kernel.pass_configs, passes)
+
+
+def lower_variant(name: str, shape: shapes.Shape, func, pass_configs, passes=()) -> Emitted:
+    """Emitted CUDA of any prim_func (e.g. an ablation of a lab kernel), through ``passes``."""
+    from postproc import postprocess
+
+    art = lower_prim_func(func, pass_configs)
     attrs = next(f.attrs for _, f in art.device_mod.functions.items() if "thread_extent" in f.attrs)
     extent = attrs["thread_extent"]
     threads = int(extent["threadIdx.x"]) * int(extent["threadIdx.y"]) * int(extent["threadIdx.z"])
     smem = int(attrs["dyn_shared_memory_buf"]) if "dyn_shared_memory_buf" in attrs else 0
-    use_pass = kernel.postprocessed if run_postproc is None else run_postproc
-    post, rewrites = postprocess(art.kernel_source) if use_pass else (art.kernel_source, [])
-    return Emitted(kernel_name, shape, art.kernel_source, post, rewrites, smem, threads,
-                   nvcc_options_for(kernel.pass_configs))
+    post, rewrites = postprocess(art.kernel_source, passes)
+    return Emitted(name, shape, art.kernel_source, post, rewrites, smem, threads,
+                   nvcc_options_for(pass_configs))
 
 
 def nvcc_options_for(pass_configs) -> tuple:

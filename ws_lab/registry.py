@@ -36,9 +36,10 @@ class Kernel:
         return getattr(self._mod(), "PASS_CONFIGS", {})
 
     @property
-    def postprocessed(self) -> bool:
-        """Whether the family compiles under ``postproc.active()`` (module flag POSTPROCESS)."""
-        return getattr(self._mod(), "POSTPROCESS", False)
+    def postproc_passes(self) -> tuple:
+        """The ``postproc`` passes the family compiles under (module attribute POSTPROC_PASSES;
+        none by default)."""
+        return getattr(self._mod(), "POSTPROC_PASSES", ())
 
     @property
     def static_specs(self):

@@ -45,7 +45,7 @@ def bundle(name: str) -> str:
     ok, actual = mod.check()
     source = mod.lower()
     excerpt = "\n".join(line for line in source.splitlines()
-                        if re.search(r"buf_dyn_shmem \+|__syncthreads|wgmma|fence_operand", line))
+                        if re.search(r"buf_dyn_shmem \+|__syncthreads|wgmma|fence_operand|fence_proxy_async|warpgroup_arrive", line))
     return f"""# TileLang: {mod.TITLE}
 
 {inspect.cleandoc(mod.__doc__)}

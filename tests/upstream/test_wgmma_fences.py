@@ -1,4 +1,4 @@
-"""Three TileLang 0.1.15 behaviours around wgmma accumulator fences (bundles: python -m
+"""Four TileLang 0.1.15 behaviours around wgmma fences (bundles: python -m
 ws_lab.repro NAME). Each passes — and so fails as strict xfail — once TileLang fixes it."""
 import pytest
 
@@ -22,4 +22,12 @@ def test_gemm_over_two_warpgroups_fences_what_each_thread_holds():
     from ws_lab.upstream import gemm_fence_two_warpgroups
 
     ok, actual = gemm_fence_two_warpgroups.check()
+    assert ok, actual
+
+
+@pytest.mark.xfail(strict=True, reason="InjectFenceProxy fences wgmma after an unrelated smem store")
+def test_no_proxy_fence_for_a_store_no_async_operation_reads():
+    from ws_lab.upstream import fence_proxy_for_unrelated_smem
+
+    ok, actual = fence_proxy_for_unrelated_smem.check()
     assert ok, actual
