@@ -51,7 +51,8 @@ def overlap_mainloop(deferred_sums: bool = True, split_mask: bool = True,
     anchor_probs: each thread stores 4 probabilities of a block to a shared buffer nothing
       reads (``wait_anchor``) before the PV wait, so ptxas keeps the row max and those exp2s
       above the wait (TileOPs' anchor); compiled under ``postproc.anchors``, which drops the
-      proxy fences TileLang adds for the store (``ws_lab/upstream/fence_proxy_for_unrelated_smem.py``)."""
+      proxy fences TileLang adds for the store
+      (``ws_lab/upstream/fence_proxy_for_unrelated_smem.py``)."""
     return _mainloop_factory(bool(deferred_sums), bool(split_mask), bool(anchor_probs))
 
 

@@ -3,9 +3,9 @@
 ``postprocess(code)`` runs every pass and returns the rewritten source with a report of each
 rewrite; ``active()`` installs it as TileLang's CUDA post-processing hook for a ``with`` block
 (TileLang's kernel cache is off meanwhile: its key ignores the hook) and restores whatever hook
-was there before (blocks in several threads share one hook that runs each thread's passes). Passes:
-``fences.fence_after_wait``, ``anchors.drop_anchor_fences``; a kernel family compiles under the
-ones it needs.
+was there before; blocks in several threads share one hook that runs each thread's passes.
+Passes: ``fences.fence_after_wait``, ``anchors.drop_anchor_fences``; a kernel family compiles
+under the ones it needs.
 """
 import contextlib
 import threading
@@ -38,8 +38,8 @@ _ACTIVE = {"blocks": 0, "previous": None, "cache_was_on": False}
 def active(on_report=None, passes=PASSES):
     """TileLang compiles with ``passes`` inside the block; ``on_report(rewrites)`` sees each
     kernel's report. Blocks may run in several threads at once (parallel compiles): each
-    thread's compiles take its own innermost block's passes, other threads' go through
-    unchanged (TileLang calls the hook in the compiling thread)."""
+    thread's compiles take its own innermost block's passes, other threads' go to the hook
+    installed before, if any (TileLang calls the hook in the compiling thread)."""
     import tilelang
 
     stack = _LOCAL.__dict__.setdefault("stack", [])
