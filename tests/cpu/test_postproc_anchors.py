@@ -26,6 +26,13 @@ def kernel(*body):
     return "\n".join([DECLS, *body, "}"])
 
 
+def unanchored(name, shape, persistent=False):
+    """The same kernel without the wait anchor, through no pass."""
+    return emit.lower_variant(
+        name, shape, coop_overlap.prim_func_for(shape, persistent=persistent, anchor_probs=False),
+        coop.PASS_CONFIGS)
+
+
 def test_removes_the_fence_after_each_arrive():
     code = kernel(GROUP, ANCHOR_STORE, GROUP, O_STORE, "  tl::fence_proxy_async();",
                   "  tl::tma_store(d, (&(((half_t*)q_s)[0])), 0);")
@@ -54,10 +61,7 @@ def test_removes_exactly_what_the_anchor_added(kernel_name):
     shape = shapes.get("llama8b-4k")
     anchored = emit.lower(kernel_name, shape)
     persistent = kernel_name.endswith("persistent")
-    plain = emit.lower_variant(
-        kernel_name, shape,
-        coop_overlap.prim_func_for(shape, persistent=persistent, anchor_probs=False),
-        coop.PASS_CONFIGS).source
+    plain = unanchored(kernel_name, shape, persistent).source
     assert "wait_anchor" in anchored.source and "wait_anchor" not in plain
     fences = anchored.source.count("fence_proxy_async")
     assert fences > plain.count("fence_proxy_async")  # TileLang fenced the wgmmas
@@ -74,10 +78,7 @@ def test_anchored_kernel_keeps_exp2s_above_the_pv_wait(tmp_path):
     summary = emit.inspect(emit.lower("coop-overlap", shape), tmp_path / "anchored")
     assert len(summary.ex2_between_waits) == 4 and min(summary.ex2_between_waits) >= 4
     assert summary.spill_bytes == 0
-    plain = emit.lower_variant("coop-overlap-plain", shape,
-                               coop_overlap.prim_func_for(shape, anchor_probs=False),
-                               coop.PASS_CONFIGS)
-    emit.inspect(plain, tmp_path / "plain")
+    emit.inspect(unanchored("coop-overlap-plain", shape), tmp_path / "plain")
     fences = [sass.dump_sass(next((tmp_path / d).glob("*.cubin"))).count("FENCE.VIEW.ASYNC.S")
               for d in ("anchored", "plain")]
     assert fences[0] == fences[1]
