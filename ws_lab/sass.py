@@ -46,6 +46,7 @@ class SassSummary:
     # For each DEPBAR.LE 1 followed by a DEPBAR.LE 0 (IntraWGOverlap: S_n ready, then PV_{n-1}):
     # the MUFU.EX2 between them, i.e. how much of the softmax runs while PV is in flight.
     ex2_between_waits: list = field(default_factory=list)
+    issue_turns: list = field(default_factory=list)  # IssueTurn per pingpong turn (issue_turns)
 
     @property
     def spill_bytes(self) -> int:
@@ -65,6 +66,11 @@ class SassSummary:
         if self.ex2_between_waits:
             lines.append("  MUFU.EX2 between DEPBAR.LE 1 and DEPBAR.LE 0: "
                          + ", ".join(map(str, self.ex2_between_waits)))
+        if self.issue_turns:
+            lines.append("  pingpong issue turns ((polled) = an mbarrier poll before the turn): "
+                         + " ".join(_run_length([("[(polled) " if t.polled_before else "[")
+                                                  + " ".join(t.events) + "]"
+                                                  for t in self.issue_turns])))
         lines += [f"  ptxas: {remark}" for remark in self.ptxas_remarks]
         return "\n".join(lines)
 
@@ -90,6 +96,43 @@ def overlaps_gemm_and_softmax(summary: SassSummary) -> bool:
     """True when some wait leaves a group in flight after a window that issued both an SS (QK)
     and an RS (PV) group: the next QK was issued before the previous PV was retired."""
     return any(left >= 1 and {"SS", "RS"} <= set(kinds) for left, kinds in summary.depbar_windows)
+
+
+@dataclass(frozen=True)
+class IssueTurn:
+    """One pingpong issue turn: from a warp-scheduler ``BAR.SYNC`` to its ``BAR.ARV``."""
+    polled_before: bool  # an mbarrier poll (SYNCS try-wait) since the previous turn ended
+    # in program order, runs collapsed: "SS" / "RS" HGMMA, "POLL" (mbarrier try-wait),
+    # "MATH" (FMUL / FFMA / MUFU)
+    events: tuple
+
+
+_TURN_SYNC = re.compile(r"^BAR\.SYNC\S*\s+0x([0-9a-f]+),\s*0x100$")
+_TURN_ARRIVE = re.compile(r"^BAR\.ARV\s+0x([0-9a-f]+),\s*0x100$")
+
+
+def issue_turns(sass: str, barrier_ids=(1, 2)) -> list[IssueTurn]:
+    """The issue turns of a pingpong kernel (named barriers ``barrier_ids`` over 256 threads,
+    kernels/coop.py ``NamedBarrier.WARP_SCHEDULER_WG1/2``), in program order."""
+    turns, events, polled = [], None, False
+    for ins in sass_instructions(sass):
+        opcode = ins.split()[1] if ins.startswith("@") else ins.split()[0]
+        if (m := _TURN_SYNC.match(ins)) and int(m.group(1), 16) in barrier_ids:
+            events, polled_before = [], polled
+        elif (m := _TURN_ARRIVE.match(ins)) and events is not None:
+            runs = [e for i, e in enumerate(events) if i == 0 or events[i - 1] != e]
+            turns.append(IssueTurn(polled_before, tuple(runs)))
+            events, polled = None, False
+        elif opcode.startswith("SYNCS.PHASECHK"):
+            if events is None:
+                polled = True
+            else:
+                events.append("POLL")
+        elif events is not None and (m := _HGMMA.search(ins)):
+            events.append("SS" if m.group(3).startswith("gdesc") else "RS")
+        elif events is not None and opcode.split(".")[0] in ("FMUL", "FFMA", "MUFU"):
+            events.append("MATH")
+    return turns
 
 
 def _wg_name(text: str) -> str:
@@ -132,6 +175,7 @@ def summarize_sass(sass: str, summary: SassSummary | None = None) -> SassSummary
         for key in COUNTED:
             if opcode == key or opcode.startswith(key + "."):
                 s.counts[key] += 1
+    s.issue_turns = issue_turns(sass)
     return s
 
 

@@ -81,6 +81,32 @@ def test_ptxas_sinks_the_softmax_below_the_pv_wait(tmp_path):
     assert summary.ex2_between_waits == [0, 0, 0, 0]
 
 
+def test_issue_turns_reads_each_turn_between_its_barriers():
+    """The SASS parser's view of a pingpong issue turn (BAR.SYNC 1/2 … BAR.ARV)."""
+    poll = "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R1+UR4], R2"
+    qk = "HGMMA.64x128x16.F32 R88, gdesc[UR12], R88"
+    lines = [poll, "BAR.SYNC.DEFER_BLOCKING 0x2, 0x100", qk, qk, poll, "FMUL.FTZ R4, R4, R5",
+             "HGMMA.64x128x16.F32 R24, R176, gdesc[UR16].tnspB, R24", "BAR.ARV 0x1, 0x100",
+             "BAR.SYNC.DEFER_BLOCKING 0x3, 0x80",  # an epilogue barrier: not a turn
+             "BAR.SYNC.DEFER_BLOCKING 0x1, 0x100", qk, "BAR.ARV 0x2, 0x100"]
+    text = "\n".join(f"        /*{16 * i:04x}*/   {ins} ;" for i, ins in enumerate(lines))
+    assert sass.issue_turns(text) == [sass.IssueTurn(True, ("SS", "POLL", "MATH", "RS")),
+                                      sass.IssueTurn(False, ("SS",))]
+
+
+@needs_nvcc
+@pytest.mark.parametrize("kernel", ["coop-overlap", "coop-overlap-persistent"])
+def test_issue_turn_holds_the_v_poll_and_nothing_else(tmp_path, kernel):
+    """Each KV step's issue turn is: QK HGMMAs → the V_{n-1} poll → PV HGMMAs, with the K_n poll
+    before the turn. The schedule measured best on the H100 (NOTES.md, coop_overlap, session
+    7): both polls before the turn were 3–7 % slower, the K poll inside it 0–7 %, O's rescale
+    inside it 0–5 %. When this fails, the turn changed: re-measure before keeping it."""
+    turns = emit.inspect(emit.lower(kernel, shapes.get("llama8b-4k")), tmp_path).issue_turns
+    steps = [t for t in turns if t.events[0] == "SS" and "RS" in t.events]
+    assert len(steps) == 4  # per consumer warpgroup: the unmasked loop and the masked tail
+    assert all(t.events == ("SS", "POLL", "RS") and t.polled_before for t in steps), steps
+
+
 @pytest.mark.parametrize("pingpong", [True, False])
 def test_roles_and_barriers_match_the_docstring(pingpong):
     kernel = "coop" if pingpong else "coop-nopp"
