@@ -4,7 +4,8 @@
     python -m ws_lab.repro NAME [--out F]  # markdown to paste into a TileLang issue
 
 The bundle holds the versions, the GPU (if any), the minimal kernel's source, the emitted CUDA
-excerpt that shows the behaviour, expected vs actual, and the lab's workaround.
+excerpt that shows the behaviour, expected vs actual (with what the kernel computes when a GPU
+is present and the pin can run), and the lab's workaround.
 """
 import argparse
 import importlib
@@ -20,6 +21,15 @@ from pathlib import Path
 from ws_lab import upstream
 
 
+_EXCERPT = r"buf_dyn_shmem \+|__syncthreads|wgmma|fence_operand|fence_proxy_async|warpgroup_arrive"
+
+
+def _gpu() -> str | None:
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
+
+
 def names() -> list[str]:
     return sorted(m.name for m in pkgutil.iter_modules(upstream.__path__))
 
@@ -32,7 +42,7 @@ def _versions() -> str:
     nvcc = shutil.which("nvcc")
     nvcc_version = (subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
                     .strip().splitlines()[-1] if nvcc else "not found")
-    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "none (lowered on CPU)"
+    gpu = _gpu() or "none (lowered on CPU)"
     return (f"- tilelang {tilelang.__version__}, torch {torch.__version__}, triton "
             f"{triton.__version__}, Python {platform.python_version()}\n- nvcc: {nvcc_version}\n"
             f"- GPU: {gpu}; target sm_90a")
@@ -44,8 +54,11 @@ def bundle(name: str) -> str:
     mod = importlib.import_module(f"ws_lab.upstream.{name}")
     ok, actual = mod.check()
     source = mod.lower()
-    excerpt = "\n".join(line for line in source.splitlines()
-                        if re.search(r"buf_dyn_shmem \+|__syncthreads|wgmma|fence_operand|fence_proxy_async|warpgroup_arrive", line))
+    shows = getattr(mod, "EXCERPT", _EXCERPT)
+    body = source[source.rfind("__global__"):]
+    excerpt = "\n".join(line for line in body.splitlines() if re.search(shows, line))
+    run = getattr(mod, "run", None)
+    measured = (f"\n\nOn the GPU ({_gpu()}): {run()}" if run and _gpu() else "")
     return f"""# TileLang: {mod.TITLE}
 
 {inspect.cleandoc(mod.__doc__)}
@@ -68,7 +81,7 @@ Related: {mod.UPSTREAM}
 {mod.EXPECTED}
 
 ## Actual
-{actual}{"  (fixed in this version)" if ok else ""}
+{actual}{"  (fixed in this version)" if ok else ""}{measured}
 
 ## Workaround in ws-lab
 {mod.WORKAROUND}

@@ -2,8 +2,10 @@
 
 Each module gives ``kernel()`` (the ≤ 60-line prim_func builder; its source goes into the repro
 bundle), ``check() -> (ok, actual)`` (ok once TileLang behaves as expected), ``EXPECTED``,
-``WORKAROUND``, ``TITLE`` and ``UPSTREAM``. ``tests/upstream`` asserts ``check()`` under strict xfail;
-``python -m ws_lab.repro NAME`` writes the bundle to paste into a TileLang issue.
+``WORKAROUND``, ``TITLE`` and ``UPSTREAM``; optionally ``EXCERPT`` (a regex: the emitted lines the
+bundle quotes) and ``run() -> str`` (what the kernel computes on a GPU; the bundle adds it when
+one is present). ``tests/upstream`` asserts ``check()`` (and ``run()`` on a GPU) under strict
+xfail; ``python -m ws_lab.repro NAME`` writes the bundle to paste into a TileLang issue.
 """
 
 

@@ -1,0 +1,27 @@
+"""Two TileLang 0.1.15 fragment-layout behaviours met writing a per-warpgroup row-max stripe
+(bundles: python -m ws_lab.repro NAME). Each passes — and so fails as strict xfail — once
+TileLang fixes it."""
+import re
+
+import pytest
+
+from ws_lab.upstream import annotated_fragment_second_warpgroup, stripe_fragment_layout
+
+
+@pytest.mark.xfail(strict=True, reason="a stripe of a wgmma accumulator gets the whole tile's layout")
+def test_stripe_fragment_holds_its_own_registers():
+    ok, actual = stripe_fragment_layout.check()
+    assert ok, actual
+
+
+@pytest.mark.gpu
+@pytest.mark.xfail(strict=True, reason="reduce_max over the stripe reads registers nothing wrote")
+def test_stripe_row_max_matches_torch():
+    result = stripe_fragment_layout.run()
+    assert re.findall(r"(\d+) of 64", result) == ["0", "0"], result
+
+
+@pytest.mark.xfail(strict=True, reason="an annotated layout in `if tx >= 128` drops the branch")
+def test_annotated_fragment_in_second_warpgroup_keeps_its_code():
+    ok, actual = annotated_fragment_second_warpgroup.check()
+    assert ok, actual
