@@ -158,7 +158,8 @@ def serial_mainloop(t):
     → wait. ``t`` holds the kernel's trace-time constants and shared macros (``coop_fwd``).
     A mainloop factory returns its macros: ``tile`` (one tile's KV loop) and, for the
     persistent kernel, the pieces that let a tile's last PV share an issue turn with the next
-    tile's first QK (``kernels/coop_overlap.py``)."""
+    tile's first QK (``kernels/coop_overlap.py``); ``fills_o`` says whether the consumer
+    zero-fills O before a tile (False: the mainloop's first PV overwrites it)."""
 
     @T.macro
     def mainloop(wg, row0, q_s, k_s, v_s, k_full, k_empty, v_full, v_empty, loop_range,
@@ -184,7 +185,7 @@ def serial_mainloop(t):
             T.warpgroup_fence_operand(acc_o, num_regs=t.o_regs)
             T.mbarrier_arrive(v_empty[stage])
 
-    return SimpleNamespace(tile=mainloop)
+    return SimpleNamespace(tile=mainloop, fills_o=True)
 
 
 def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtype, softmax_scale,
@@ -244,7 +245,8 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
         row0 = qt * BLOCK_M + wg * HALF  # first query row of this warpgroup
         acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum = \
             alloc_softmax_state(HALF, bn, head_dim_v, dtype)
-        T.fill(acc_o, 0)
+        if loop.fills_o:
+            T.fill(acc_o, 0)
         T.fill(row_sum, 0)
         T.fill(row_max, neg_inf)
         T.mbarrier_wait_parity(q_full[0], 0)
@@ -356,7 +358,8 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
             for i in T.serial(my_tiles):
                 qt, head, b = tile_coords(i, cta)
                 row0 = qt * BLOCK_M + wg * HALF
-                T.fill(acc_o, 0)
+                if loop.fills_o:
+                    T.fill(acc_o, 0)
                 T.fill(row_sum, 0)
                 T.fill(row_max, neg_inf)
                 loop.blocks(wg, row0, q_s, k_s, v_s, k_full, k_empty, v_full, v_empty,

@@ -20,9 +20,11 @@ Row sums are deferred (16-column per-thread partial sums, one quad reduction per
 last PV), a causal or ragged KV loop is split at its first masked block, as in FA3 / TileOPs,
 and each block's row max and first 4 probabilities a thread are stored to ``wait_anchor`` (a
 write-only 64 × 8 fp32 buffer per warpgroup, 2 KB each) before wait<0>: ptxas otherwise puts
-the PV wait above all of the block's exp2 (switches of ``overlap_mainloop``, all on). The
-persistent kernel uses the loop in pieces: a tile's last PV and the next tile's S_0 share one
-issue turn (``drain_into_next``), so the epilogue runs beside a GEMM.
+the PV wait above all of the block's exp2; a tile's first PV overwrites O (wgmma's scale-d
+off), so O is never zero-filled and block 0 has no O rescale (switches of
+``overlap_mainloop``, all on). The persistent kernel uses the loop in pieces: a tile's last PV
+and the next tile's S_0 share one issue turn (``drain_into_next``), so the epilogue runs beside
+a GEMM.
 
 Shared memory: coop's plus the two anchors (4 KB): D 128 164 KB, persistent 196 KB.
 """
@@ -41,7 +43,7 @@ from ws_lab.shapes import Shape
 
 
 def overlap_mainloop(deferred_sums: bool = True, split_mask: bool = True,
-                     anchor_probs: bool = True):
+                     anchor_probs: bool = True, clear_first_pv: bool = True):
     """The mainloop factory (one object per variant, so ``coop.compiled``'s cache hits).
 
     deferred_sums: each thread keeps 16-column partial row sums (``add_partial_sums``) and the
@@ -52,8 +54,11 @@ def overlap_mainloop(deferred_sums: bool = True, split_mask: bool = True,
       reads (``wait_anchor``) before the PV wait, so ptxas keeps the row max and those exp2s
       above the wait (TileOPs' anchor); compiled under ``postproc.anchors``, which drops the
       proxy fences TileLang adds for the store
-      (``ws_lab/upstream/fence_proxy_for_unrelated_smem.py``)."""
-    return _mainloop_factory(bool(deferred_sums), bool(split_mask), bool(anchor_probs))
+      (``ws_lab/upstream/fence_proxy_for_unrelated_smem.py``).
+    clear_first_pv: a tile's first PV GEMM overwrites O (wgmma's scale-d predicate off for
+      that block), so O is never zero-filled and block 0 has no O rescale (TileOPs' form)."""
+    return _mainloop_factory(bool(deferred_sums), bool(split_mask), bool(anchor_probs),
+                             bool(clear_first_pv))
 
 
 ANCHOR_COLS = 8  # a 64 × 8 stripe of the score tile: 4 elements a thread (wgmma layout)
@@ -61,9 +66,15 @@ POSTPROC_PASSES = (drop_anchor_fences,)  # what the family compiles under (ws_la
 
 
 @functools.lru_cache(maxsize=None)
-def _mainloop_factory(deferred_sums: bool, split_mask: bool, anchor_probs: bool):
+def _mainloop_factory(deferred_sums: bool, split_mask: bool, anchor_probs: bool,
+                      clear_first_pv: bool):
     def factory(t):
         unchecked_mask = score_mask(t.causal, t.seq_len, HALF, t.bn, checked=False)
+
+        def first_pv(block):
+            """wgmma's scale-d off (O = P V) for the PV of the tile's block 0 (a run-time
+            predicate: the loops and the drain do not know which of them holds it)."""
+            return block == 0 if clear_first_pv else False
 
         @T.macro
         def row_stats(acc_s, row_max, row_max_prev, row_rescale, block_sum, row_sum, part_sum):
@@ -84,7 +95,7 @@ def _mainloop_factory(deferred_sums: bool, split_mask: bool, anchor_probs: bool)
             prev = (it0 + kb - 1) % t.stages
             t.issue_qk(wg, q_s, slot, k_s, k_full, stage, ((it0 + kb) // t.stages) % 2, acc_s)
             T.mbarrier_wait_parity(v_full[prev], ((it0 + kb - 1) // t.stages) % 2)
-            T.wgmma_gemm(p, v_s[prev, :, :], acc_o, clear_accum=False)
+            T.wgmma_gemm(p, v_s[prev, :, :], acc_o, clear_accum=first_pv(kb - 1))
             if t.pingpong:
                 T.named_barrier_arrive(t.schedulers[1 - wg], CONSUMER_THREADS)
             T.wait_wgmma(1)
@@ -124,7 +135,10 @@ def _mainloop_factory(deferred_sums: bool, split_mask: bool, anchor_probs: bool)
             if deferred_sums:
                 T.fill(part_sum, 0)  # row_max is -inf: the rescale below multiplies zeros
             row_stats(acc_s, row_max, row_max_prev, row_rescale, block_sum, row_sum, part_sum)
-            commit_probs(acc_s, p, acc_o, row_rescale, HALF, t.head_dim_v)
+            if clear_first_pv:
+                T.copy(acc_s, p)  # O holds nothing yet: P_0's PV overwrites it
+            else:
+                commit_probs(acc_s, p, acc_o, row_rescale, HALF, t.head_dim_v)
             wait_anchor = T.alloc_shared([HALF, ANCHOR_COLS], "float") if anchor_probs else None
             if split_mask:
                 unmasked = first_masked_block(t.causal, t.seq_len, t.bn, row0, loop_range)
@@ -147,7 +161,7 @@ def _mainloop_factory(deferred_sums: bool, split_mask: bool, anchor_probs: bool)
             """The tile's last PV, alone: issue, finish the row sums under it, wait."""
             last = (it0 + loop_range - 1) % t.stages
             T.mbarrier_wait_parity(v_full[last], ((it0 + loop_range - 1) // t.stages) % 2)
-            T.wgmma_gemm(p, v_s[last, :, :], acc_o, clear_accum=False)
+            T.wgmma_gemm(p, v_s[last, :, :], acc_o, clear_accum=first_pv(loop_range - 1))
             if deferred_sums:
                 T.reduce_sum(part_sum, row_sum, dim=1)  # under the last PV GEMM
             T.wait_wgmma(0)
@@ -168,7 +182,7 @@ def _mainloop_factory(deferred_sums: bool, split_mask: bool, anchor_probs: bool)
             T.mbarrier_wait_parity(v_full[last], ((it0 + loop_range - 1) // t.stages) % 2)
             if t.pingpong:
                 T.sync_threads(t.schedulers[wg], CONSUMER_THREADS)
-            T.wgmma_gemm(p, v_s[last, :, :], acc_o, clear_accum=False)
+            T.wgmma_gemm(p, v_s[last, :, :], acc_o, clear_accum=first_pv(loop_range - 1))
             if has_next:
                 T.mbarrier_wait_parity(q_full[next_slot], next_use % 2)
                 T.mbarrier_wait_parity(k_full[nxt % t.stages], (nxt // t.stages) % 2)
@@ -195,6 +209,7 @@ def _mainloop_factory(deferred_sums: bool, split_mask: bool, anchor_probs: bool)
 
         return SimpleNamespace(
             tile=tile, first_qk=first_qk, blocks=blocks, drain_into_next=drain_into_next,
+            fills_o=not clear_first_pv,
             alloc_row_sums=lambda: alloc_partial_sums(HALF, t.bn) if deferred_sums else None)
 
     factory.postproc_passes = POSTPROC_PASSES if anchor_probs else ()

@@ -2,7 +2,10 @@
 
 For each shape × mask × dtype it checks each implementation once against the float64 oracle
 (NaN-poisoned output for the lab's kernels), times it with ``triton.testing.do_bench`` (median,
-rotating input sets when they fit in L2) and prints one markdown table with the gap columns:
+rotating input sets when they fit in L2) in interleaved rounds — every implementation once per
+round, the order reversed every other round, so none is always measured at the same point of
+the GPU's clock and temperature drift; a row's time is the median of its round medians and
+``spread`` their range — and prints one markdown table with the gap columns:
 ``×peer`` = peer time / row time (> 1: the row is faster). A peer that fails or is absent shows
 ``n/a`` and never stops the run. Without CUDA it prints the static report (emitted CUDA + SASS
 summary) instead.
@@ -13,6 +16,7 @@ import argparse
 import itertools
 import json
 import math
+import statistics
 import sys
 import warnings
 from dataclasses import asdict, dataclass
@@ -40,6 +44,8 @@ class Row:
     ms: float | None = None
     tflops: float | None = None
     rel_err: float | None = None
+    spread: float | None = None  # (max - min) / median of the round medians
+    round_ms: list[float] | None = None  # the median of each round, in measuring order
     note: str = ""
 
 
@@ -137,40 +143,72 @@ def _input_sets(shape: shapes.Shape, device):
                        shape.head_dim_v, dtype, device)[0] for _ in range(count)]
 
 
-def measure(shape: shapes.Shape, impls: dict[str, Callable], is_lab: set[str]) -> list[Row]:
-    import torch
+ROUND_WARMUP_MS, ROUND_REP_MS = 50, 250  # per implementation and round
+
+
+def time_rounds(calls: dict[str, Callable], rounds: int) -> dict[str, list[float]]:
+    """Median ms of each zero-argument callable in each of ``rounds`` rounds; the order is
+    reversed every other round, so no implementation always runs first, last or right after a
+    slower (cooler) one."""
     import triton.testing
+
+    times = {name: [] for name in calls}
+    for rnd in range(rounds):
+        for name in (list(calls) if rnd % 2 == 0 else list(reversed(calls))):
+            times[name].append(triton.testing.do_bench(
+                calls[name], warmup=ROUND_WARMUP_MS, rep=ROUND_REP_MS, return_mode="median"))
+    return times
+
+
+def _checked_call(name, make, shape, sets, ref, is_lab: bool):
+    """The implementation's timed call (cycling through the input sets), after one run on the
+    first set checked against the oracle (NaN-poisoned output for the lab's kernels); raises
+    when the implementation cannot run the shape. Returns (call, rel_err)."""
+    import torch
+
+    from ws_lab import oracle
+
+    q, k, v = sets[0]
+    calls = [make(*s, shape.causal) for s in sets]
+    if is_lab:
+        out = torch.full(ref.shape, float("nan"), dtype=q.dtype, device=q.device)
+        registry.get(name).attention(q, k, v, causal=shape.causal, out=out)
+    else:
+        out = calls[0]()
+    torch.cuda.synchronize()
+    cycle = itertools.cycle(calls)
+    return (lambda: next(cycle)()), oracle.rel_l2(out, ref)
+
+
+def measure(shape: shapes.Shape, impls: dict[str, Callable], is_lab: set[str],
+            rounds: int = 4) -> list[Row]:
+    import torch
 
     from ws_lab import oracle
 
     sets = _input_sets(shape, "cuda")
-    q, k, v = sets[0]
-    ref, _ = oracle.attention_ref(q, k, v, causal=shape.causal)
+    ref, _ = oracle.attention_ref(*sets[0], causal=shape.causal)
     mask = "causal" if shape.causal else "full"
-    rows = []
+    rows, timed = [], {}
     for name, make in impls.items():
         row = Row(name, shape.name, shape.seq_len, mask, shape.dtype)
         try:
-            calls = [make(*s, shape.causal) for s in sets]
-            if name in is_lab:
-                out = torch.full(ref.shape, float("nan"), dtype=q.dtype, device=q.device)
-                registry.get(name).attention(q, k, v, causal=shape.causal, out=out)
-            else:
-                out = calls[0]()
-            torch.cuda.synchronize()
-            row.rel_err = oracle.rel_l2(out, ref)
-            cycle = itertools.cycle(calls)
-            row.ms = triton.testing.do_bench(lambda: next(cycle)(), warmup=100, rep=500,
-                                             return_mode="median")
-            row.tflops = shape.flops() / (row.ms * 1e9)
+            timed[name], row.rel_err = _checked_call(name, make, shape, sets, ref, name in is_lab)
         except Exception as exc:  # a peer that cannot run this shape shows n/a
             row.note = f"{type(exc).__name__}: {str(exc).splitlines()[0][:80] if str(exc) else ''}"
         rows.append(row)
-        torch.cuda.empty_cache()
+    round_ms = time_rounds(timed, rounds)
+    for row in rows:
+        if row.impl in round_ms:
+            row.round_ms = ms = round_ms[row.impl]
+            row.ms = statistics.median(ms)
+            row.spread = (max(ms) - min(ms)) / row.ms
+            row.tflops = shape.flops() / (row.ms * 1e9)
+    torch.cuda.empty_cache()
     floor = Row("floor", shape.name, shape.seq_len, mask, shape.dtype, floor_ms(shape))
     floor.tflops = shape.flops() / (floor.ms * 1e9)
     floor.note = (f"max({TENSOR_TFLOPS:.0f} TFLOP/s, {HBM_TBPS} TB/s); "
-                  f"{len(sets)} rotating input set(s)")
+                  f"{len(sets)} rotating input set(s), {rounds} interleaved round(s)")
     rows.append(floor)
     return rows
 
@@ -180,7 +218,8 @@ def _fmt(x, spec):
 
 
 def table(rows: list[Row]) -> str:
-    head = ["impl", "shape", "mask", "dtype", "ms", "TFLOPS", "rel-err"] + [GAP_LABEL[p] for p in PEERS]
+    head = (["impl", "shape", "mask", "dtype", "ms", "spread", "TFLOPS", "rel-err"]
+            + [GAP_LABEL[p] for p in PEERS])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     by_case = itertools.groupby(rows, key=lambda r: (r.shape, r.mask, r.dtype))
     for _, case in by_case:
@@ -189,8 +228,9 @@ def table(rows: list[Row]) -> str:
         for r in case:
             gaps = [_fmt(peer_ms.get(p) / r.ms if peer_ms.get(p) and r.ms else None, ".2f")
                     for p in PEERS]
-            cells = [r.impl, r.shape, r.mask, r.dtype, _fmt(r.ms, ".3f"), _fmt(r.tflops, ".0f"),
-                     _fmt(r.rel_err, ".1e")] + gaps
+            spread = "n/a" if r.spread is None else f"{100 * r.spread:.1f}%"
+            cells = [r.impl, r.shape, r.mask, r.dtype, _fmt(r.ms, ".3f"), spread,
+                     _fmt(r.tflops, ".0f"), _fmt(r.rel_err, ".1e")] + gaps
             lines.append("| " + " | ".join(cells) + " |")
     notes = [f"- {r.impl} {r.shape} {r.mask}: {r.note}" for r in rows if r.note and r.impl != "floor"]
     return "\n".join(lines + ([""] + notes if notes else []))
@@ -236,6 +276,13 @@ def static_report(kernels: list[str], cases: list[shapes.Shape]) -> None:
                 print(f"{name} on {shape.name}: static report failed: {exc}\n")
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def parse_args(argv, default_shapes: list[str], extra: Callable | None = None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", action="append", choices=sorted(shapes.SHAPES),
@@ -243,6 +290,10 @@ def parse_args(argv, default_shapes: list[str], extra: Callable | None = None):
     ap.add_argument("--causal", choices=["0", "1", "both"], default=None,
                     help="override each shape's default mask")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="float16")
+    ap.add_argument("--rounds", type=_positive_int, default=4,
+                    help="interleaved timing rounds per shape (default 4: an even count puts "
+                         "every implementation at both ends of the order equally often; each "
+                         "row is the median)")
     ap.add_argument("--json", type=Path, help="write the rows as JSON here")
     ap.add_argument("--plot", type=Path, help="write a TFLOPS-vs-seqlen PNG here")
     if extra:
@@ -274,7 +325,7 @@ def run(kernels: list[str], args) -> list[Row]:
         if not any(registry.get(k).supports(shape) for k in kernels):
             print(f"skipping {shape.name}: none of {kernels} supports it", file=sys.stderr)
             continue
-        rows += measure(shape, impls, set(kernels) | {"pipelined"})
+        rows += measure(shape, impls, set(kernels) | {"pipelined"}, args.rounds)
     device = torch.cuda.get_device_name()
     print(f"\n{device}, torch {torch.__version__}; ×peer = peer ms / row ms\n")
     print(table(rows))

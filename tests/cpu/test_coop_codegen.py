@@ -175,6 +175,29 @@ def test_deferred_row_sums_leave_the_kv_loop_without_shuffles(deferred):
     assert ("float part_sum[8];" in src) == deferred
 
 
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("clear", [True, False])
+def test_first_pv_overwrites_o(persistent, clear):
+    """clear_first_pv: O is never zero-filled; every PV's first k step passes wgmma's scale-d
+    as a run-time predicate that is off for the tile's block 0 (the loops' kb == 1, the drain's
+    single-block tile). Off: the fill, and every PV accumulates (scale-d the constant 1)."""
+    from kernels import coop_overlap
+
+    func = coop_overlap.prim_func_for(shapes.get("llama8b-4k"), persistent=persistent,
+                                      clear_first_pv=clear)
+    src = emit.lower_prim_func(func, coop.PASS_CONFIGS).kernel_source
+    scale_d = re.findall(r"tl::wgmma_rs<.*?reinterpret_cast<uint32_t\*>\(acc_o(?:_\d+)? \+ 0\), "
+                         r"(.+?)\);\n", src)
+    fills = re.findall(r"\(acc_o(?:_\d+)? \+ \(\w+ \* 4\)\) = make_float4\(broadcast", src)
+    assert len(scale_d) == 6  # per consumer warpgroup: the two KV loops and the drain
+    if clear:
+        assert not fills
+        assert all(re.fullmatch(r"\(\(0 < ki_\d+\) \? 1 : \(\(.+\) \? 0 : 1\)\)", a)
+                   for a in scale_d), scale_d
+    else:
+        assert len(fills) == 2 and scale_d == ["1"] * 6
+
+
 @pytest.mark.parametrize("n_qtiles,head_batches,rank_group", [(64, 64, 16), (37, 8, 16), (8, 32, 16),
                                                               (32, 32, 1)])
 def test_persistent_walk_covers_every_tile_once_and_groups_a_heads_ranks(n_qtiles, head_batches,
