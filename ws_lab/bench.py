@@ -146,18 +146,28 @@ def _input_sets(shape: shapes.Shape, device):
 ROUND_WARMUP_MS, ROUND_REP_MS = 50, 250  # per implementation and round
 
 
-def time_rounds(calls: dict[str, Callable], rounds: int) -> dict[str, list[float]]:
+def time_rounds(calls: dict[str, Callable], rounds: int):
     """Median ms of each zero-argument callable in each of ``rounds`` rounds; the order is
     reversed every other round, so no implementation always runs first, last or right after a
-    slower (cooler) one."""
+    slower (cooler) one. Returns ({name: ms per round}, {name: exception}); a call that raises
+    is timed no more and left out of the first dict."""
     import triton.testing
 
-    times = {name: [] for name in calls}
+    times, failed = {name: [] for name in calls}, {}
     for rnd in range(rounds):
         for name in (list(calls) if rnd % 2 == 0 else list(reversed(calls))):
-            times[name].append(triton.testing.do_bench(
-                calls[name], warmup=ROUND_WARMUP_MS, rep=ROUND_REP_MS, return_mode="median"))
-    return times
+            if name in failed:
+                continue
+            try:
+                times[name].append(triton.testing.do_bench(
+                    calls[name], warmup=ROUND_WARMUP_MS, rep=ROUND_REP_MS, return_mode="median"))
+            except Exception as exc:  # e.g. out of memory beside the others' inputs
+                failed[name] = exc
+    return {n: t for n, t in times.items() if n not in failed}, failed
+
+
+def _note(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:80] if str(exc) else ''}"
 
 
 def _checked_call(name, make, shape, sets, ref, is_lab: bool):
@@ -195,11 +205,13 @@ def measure(shape: shapes.Shape, impls: dict[str, Callable], is_lab: set[str],
         try:
             timed[name], row.rel_err = _checked_call(name, make, shape, sets, ref, name in is_lab)
         except Exception as exc:  # a peer that cannot run this shape shows n/a
-            row.note = f"{type(exc).__name__}: {str(exc).splitlines()[0][:80] if str(exc) else ''}"
+            row.note = _note(exc)
         rows.append(row)
-    round_ms = time_rounds(timed, rounds)
+    round_ms, failed = time_rounds(timed, rounds)
     for row in rows:
-        if row.impl in round_ms:
+        if row.impl in failed:
+            row.note = _note(failed[row.impl])
+        elif row.impl in round_ms:
             row.round_ms = ms = round_ms[row.impl]
             row.ms = statistics.median(ms)
             row.spread = (max(ms) - min(ms)) / row.ms

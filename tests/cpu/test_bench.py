@@ -22,7 +22,8 @@ def drifting_do_bench(monkeypatch):
 
 
 def test_rounds_alternate_the_order(drifting_do_bench):
-    times = bench.time_rounds({n: (lambda n=n: n) for n in "abc"}, rounds=3)
+    times, failed = bench.time_rounds({n: (lambda n=n: n) for n in "abc"}, rounds=3)
+    assert not failed
     assert drifting_do_bench == list("abc" + "cba" + "abc")
     assert {n: len(t) for n, t in times.items()} == {"a": 3, "b": 3, "c": 3}
     # a drift of 1 % a call: 'a' sees calls 0, 5, 6 and 'c' calls 2, 3, 8
@@ -34,6 +35,18 @@ def test_rounds_alternate_the_order(drifting_do_bench):
 def test_every_implementation_is_timed_once_a_round(drifting_do_bench, rounds):
     bench.time_rounds({n: (lambda n=n: n) for n in "abc"}, rounds=rounds)
     assert sorted(drifting_do_bench) == sorted(list("abc") * rounds)
+
+
+def test_a_call_that_raises_is_timed_no_more(drifting_do_bench):
+    def flaky():
+        if drifting_do_bench.count("a") >= 1:  # fails from its second round on
+            raise RuntimeError("CUDA out of memory")
+        return "a"
+
+    times, failed = bench.time_rounds({"a": flaky, "b": lambda: "b"}, rounds=3)
+    assert drifting_do_bench == ["a", "b", "b", "b"]
+    assert list(times) == ["b"] and len(times["b"]) == 3
+    assert str(failed["a"]) == "CUDA out of memory"
 
 
 def test_table_shows_spread_and_gaps():
