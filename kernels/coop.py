@@ -27,13 +27,22 @@ while this tile's O is stored, and each tile's last PV shares an issue turn with
 tile's first QK (the mainloop's ``drain_into_next``). Pingpong's pre-paid turn is taken once
 per CTA.
 
+K/V multicast (``Config.cluster`` = 2, persistent, even GQA groups; ``cluster_for`` turns it on
+when the call's K/V exceed half of L2; FA3 ``ClusterM = 2``, which pairs adjacent Q tiles of
+one head and so runs without a causal mask only): a 2-CTA cluster walks one tile list, the two
+CTAs on adjacent Q heads of one KV head, so their K/V blocks and causal masks are the same. The
+rank-0 producer loads each block once into both CTAs' shared memory (TMA ``.multicast::cluster``);
+the rank-1 producer only expects the bytes. L2 serves each block once per pair, not twice.
+
 Pingpong (``Config.pingpong``, FA3 ``warp_scheduler_barrier_sync/arrive``): a consumer issues
 its QK GEMM only after the other consumer has issued its own, so one warpgroup's GEMMs run
 while the other does softmax.
 
 Barriers: mbarriers q_full (32 arrivals: the producer warp), k_full[s] / v_full[s] (32 +
-TMA bytes), k_empty[s] / v_empty[s] (256: every consumer thread); named barriers in
-``NamedBarrier``.
+TMA bytes), k_empty[s] / v_empty[s] (256: every consumer thread; in a cluster 264, cluster
+barriers: lane 0 of each of the peer's 8 consumer warps arrives remotely too, as in CUTLASS's
+``PipelineTmaAsync``, since the next load of the stage lands in both CTAs); named barriers in
+``NamedBarrier``; in a cluster a ``cluster_sync`` after the barriers' init and one before exit.
 
 Shared memory (2-byte elements, stages s, block_n bn): Q 128·D + s·bn·(D + Dv); O reuses Q.
   D 64: 16 + 2·128·128 B = 80 KB; D 128: 32 + 128 = 160 KB (bn 128, s 2);
@@ -92,6 +101,7 @@ class Config:
     pingpong: bool
     heavy_first: bool = False
     persistent: bool = False  # one CTA per SM walking a static, heavy-first list of tiles
+    cluster: int = 1  # persistent: 2 = CTA pairs on two Q heads of one KV head, K/V multicast
 
 
 # Persistent walk: when the call's K/V exceed half of L2, RANK_GROUP Q tiles of one head run on
@@ -109,16 +119,34 @@ PERSISTENT_HEAD_DIMS = [(64, 64), (128, 128)]
 
 
 def config_for(head_dim: int, causal: bool, pingpong: bool = True,
-               persistent: bool = False) -> Config:
+               persistent: bool = False, cluster: int = 1) -> Config:
     base = CONFIGS[head_dim]
     return Config(base.block_n, base.num_stages, pingpong, heavy_first=causal,
-                  persistent=persistent)
+                  persistent=persistent, cluster=cluster)
 
 
-def kv_producer(bn: int, stages: int, v_parts: int = 1):
+def kv_bytes(batch, seq_len, kv_heads, head_dim, head_dim_v) -> int:
+    """The call's K and V in bytes (2-byte elements)."""
+    return batch * kv_heads * seq_len * (head_dim + head_dim_v) * 2
+
+
+def cluster_for(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, l2_bytes) -> int:
+    """CTAs per cluster of the persistent walk: 2 (two Q heads of one GQA group on a CTA pair,
+    each K/V block loaded once and multicast into both) when the group is even and the call's
+    K/V exceed half of L2; else 1. Measured (NOTES, session 11): +1 to +7 % above that line, −1 %
+    below it (16 MB of K/V, where L2 holds them)."""
+    group_even = (heads // kv_heads) % 2 == 0
+    big = kv_bytes(batch, seq_len, kv_heads, head_dim, head_dim_v) > l2_bytes // 2
+    return 2 if group_even and big else 1
+
+
+def kv_producer(bn: int, stages: int, v_parts: int = 1, cluster: int = 1):
     """The producer warp's KV loop, shared by every WS kernel of the lab: per block, wait for
     the stage to be free, TMA K into k_s[stage] and V into v_s[stage] (in ``v_parts`` column
-    slices v_s[stage, part] when a consumer warpgroup owns each slice, as in largehdv)."""
+    slices v_s[stage, part] when a consumer warpgroup owns each slice, as in largehdv).
+    ``cluster`` 2: the pair's rank-0 CTA multicasts each load into both CTAs (the stage's empty
+    barrier then counts the peer's consumer warps too); the other CTA only expects the bytes."""
+    mask = (1 << cluster) - 1 if cluster > 1 else None
 
     @T.macro
     def produce(K, V, k_s, v_s, k_full, k_empty, v_full, v_empty, b, kv_head, loop_range, it0=0):
@@ -127,12 +155,12 @@ def kv_producer(bn: int, stages: int, v_parts: int = 1):
             phase = ((it0 + kb) // stages) % 2
             T.mbarrier_wait_parity(k_empty[stage], phase ^ 1)
             T.tma_copy(K[b, kb * bn:(kb + 1) * bn, kv_head, :], k_s[stage, :, :],
-                       barrier=k_full[stage])
+                       barrier=k_full[stage], cluster_mask=mask)
             T.mbarrier_arrive(k_full[stage])
             T.mbarrier_wait_parity(v_empty[stage], phase ^ 1)
             if v_parts == 1:
                 T.tma_copy(V[b, kb * bn:(kb + 1) * bn, kv_head, :], v_s[stage, :, :],
-                           barrier=v_full[stage])
+                           barrier=v_full[stage], cluster_mask=mask)
             else:
                 width = v_s.shape[-1]
                 for part in T.unroll(v_parts):
@@ -173,7 +201,7 @@ def serial_mainloop(t):
                 T.named_barrier_arrive(t.schedulers[1 - wg], CONSUMER_THREADS)
             T.wait_wgmma(0)
             T.warpgroup_fence_operand(acc_s, num_regs=t.s_regs)
-            T.mbarrier_arrive(k_empty[stage])
+            t.release(k_empty, stage)
 
             t.mask(acc_s, kb, row0)
             online_softmax(acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum,
@@ -183,7 +211,7 @@ def serial_mainloop(t):
             T.wgmma_gemm(p, v_s[stage, :, :], acc_o, clear_accum=False)
             T.wait_wgmma(0)
             T.warpgroup_fence_operand(acc_o, num_regs=t.o_regs)
-            T.mbarrier_arrive(v_empty[stage])
+            t.release(v_empty, stage)
 
     return SimpleNamespace(tile=mainloop, fills_o=True)
 
@@ -216,16 +244,31 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
         T.wgmma_gemm(q_s[slot, wg, :, :], k_s[stage, :, :], acc_s, transpose_B=True,
                      clear_accum=True)
 
+    @T.macro
+    def release(empty, stage):
+        """A consumer thread frees a K/V stage. In a cluster the stage's next load lands in
+        both CTAs, so lane 0 of each warp frees it in the peer CTA too."""
+        T.mbarrier_arrive(empty[stage])
+        if cfg.cluster > 1:
+            if T.get_thread_binding() % 32 == 0:
+                T.mbarrier_arrive(empty[stage], 1 - T.block_rank_in_cluster())
+
     t = SimpleNamespace(bn=bn, stages=stages, pingpong=cfg.pingpong, schedulers=schedulers,
                         causal=causal, seq_len=seq_len,
                         s_regs=s_regs, o_regs=o_regs, p_regs=HALF * bn // 256,
                         head_dim_v=head_dim_v, scale_log2=scale_log2, mask=mask,
-                        issue_qk=issue_qk)
+                        issue_qk=issue_qk, release=release)
     loop = mainloop_factory(t)
+    if cfg.cluster not in (1, 2) or (cfg.cluster == 2 and not cfg.persistent):
+        raise ValueError(f"cluster={cfg.cluster}: the persistent kernel runs CTA pairs (2) or "
+                         "single CTAs (1); the non-persistent grid only single CTAs")
+    if group % cfg.cluster:
+        raise ValueError(f"cluster={cfg.cluster} pairs two Q heads of one KV head: the GQA group "
+                         f"({heads} / {kv_heads} = {group}) must be even")
     if cfg.persistent and not hasattr(loop, "drain_into_next"):
         raise ValueError("the persistent kernel needs a mainloop whose last PV can share an issue "
                          "turn with the next tile's first QK (kernels.coop_overlap)")
-    produce_kv = kv_producer(bn, stages)
+    produce_kv = kv_producer(bn, stages, cluster=cfg.cluster)
 
     @T.macro
     def epilogue(wg, acc_o, row_sum, inv_sum, q_s, slot, q_empty, out_tile):
@@ -321,24 +364,35 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
         0 took the heaviest tile of every causal round (measured: slower than the
         non-persistent grid). Q is double-buffered (slot = tile parity), so the next tile's Q
         loads while this tile's O is stored from the other slot."""
+        lanes = cfg.cluster  # CTAs walking one list together (a cluster), on adjacent heads
         num_tiles = n_qtiles * heads * batch
-        ctas = min(num_ctas, num_tiles)
-        rounds, partial = divmod(num_tiles, ctas)
-        kv_bytes = batch * kv_heads * seq_len * (head_dim + head_dim_v) * 2
-        rank_group = RANK_GROUP if kv_bytes > l2_bytes // 2 else 1
-        head_batches = heads * batch
+        ctas = min(num_ctas, num_tiles) // lanes * lanes
+        walkers = ctas // lanes
+        rounds, partial = divmod(num_tiles // lanes, walkers)
+        big = kv_bytes(batch, seq_len, kv_heads, head_dim, head_dim_v) > l2_bytes // 2
+        rank_group = RANK_GROUP if big else 1
+        head_groups = heads // lanes
+        head_batches = head_groups * batch
+
+        def walker_of(cta):
+            return cta // lanes if lanes > 1 else cta
 
         def tiles_of(cta):
             # the last, partial round runs from the low CTAs on even rounds, the high on odd
-            in_partial = cta < partial if rounds % 2 == 0 else ctas - 1 - cta < partial
+            w = walker_of(cta)
+            in_partial = w < partial if rounds % 2 == 0 else walkers - 1 - w < partial
             return rounds + T.cast(in_partial, "int32")
 
         def tile_coords(i, cta):
-            tile = i * ctas + T.if_then_else(i % 2 == 0, cta, ctas - 1 - cta)
+            w = walker_of(cta)
+            tile = i * walkers + T.if_then_else(i % 2 == 0, w, walkers - 1 - w)
             rank, head_batch = tile_rank(tile, n_qtiles, head_batches, rank_group,
                                          T.if_then_else)
             qt = n_qtiles - 1 - rank if cfg.heavy_first else rank
-            return qt, head_batch % heads, head_batch // heads
+            head = head_batch % head_groups
+            if lanes > 1:
+                head = head * lanes + cta % lanes
+            return qt, head, head_batch // head_groups
 
         @T.macro
         def consumer_tiles(wg, Out, q_s, k_s, v_s, q_full, q_empty, k_full, k_empty, v_full,
@@ -373,6 +427,13 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
                 it0 += kv_blocks(qt)
             T.wait_wgmma(0)  # the throwaway QK after the last tile
 
+        def alloc_kv_empty():
+            if lanes == 1:
+                return (T.alloc_barrier([CONSUMER_THREADS] * stages),
+                        T.alloc_barrier([CONSUMER_THREADS] * stages))
+            counts = [CONSUMER_THREADS + (lanes - 1) * CONSUMER_THREADS // 32] * stages
+            return T.alloc_cluster_barrier(counts), T.alloc_cluster_barrier(counts)
+
         @T.prim_func
         def main(
             Q: T.Tensor([batch, seq_len, heads, head_dim], dtype),
@@ -380,7 +441,8 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
             V: T.Tensor([batch, seq_len, kv_heads, head_dim_v], dtype),
             Out: T.Tensor([batch, seq_len, heads, head_dim_v], dtype),
         ):
-            with T.Kernel(ctas, threads=CONSUMER_THREADS + 128) as cta:
+            cluster = {"cluster_dims": lanes} if lanes > 1 else {}
+            with T.Kernel(ctas, threads=CONSUMER_THREADS + 128, **cluster) as cta:
                 q_s = T.alloc_shared([2, 2, HALF, head_dim], dtype)
                 k_s = T.alloc_shared([stages, bn, head_dim], dtype)
                 v_s = T.alloc_shared([stages, bn, head_dim_v], dtype)
@@ -391,8 +453,7 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
                 q_empty = T.alloc_barrier([CONSUMER_THREADS] * 2)
                 k_full = T.alloc_barrier([PRODUCER_WARP] * stages)
                 v_full = T.alloc_barrier([PRODUCER_WARP] * stages)
-                k_empty = T.alloc_barrier([CONSUMER_THREADS] * stages)
-                v_empty = T.alloc_barrier([CONSUMER_THREADS] * stages)
+                k_empty, v_empty = alloc_kv_empty()
                 my_tiles = tiles_of(cta)
                 tx = T.get_thread_binding()
                 if tx >= CONSUMER_THREADS:
@@ -413,6 +474,8 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
                     T.set_max_nreg(240, 1)
                     consumer_tiles(1, Out, q_s, k_s, v_s, q_full, q_empty, k_full, k_empty,
                                    v_full, v_empty, cta, my_tiles)
+                if lanes > 1:
+                    T.cluster_sync()  # no CTA exits while its peer may still signal or load into it
 
         return main
 
@@ -425,12 +488,15 @@ def supports(shape: Shape, pingpong: bool = True, persistent: bool = False) -> b
 
 
 def prim_func_for(shape: Shape, pingpong: bool = True, mainloop_factory=serial_mainloop,
-                  persistent: bool = False):
+                  persistent: bool = False, cluster: int | None = None):
     """The prim_func the lab runs for a named shape (used by ``ws_lab.emit``; a persistent walk
     is planned for the H100's 132 SMs and 50 MB of L2)."""
+    if persistent and cluster is None:
+        cluster = cluster_for(shape.batch, shape.seq_len, shape.heads, shape.kv_heads,
+                              shape.head_dim, shape.head_dim_v, H100_L2_BYTES)
     return coop_fwd(shape.batch, shape.seq_len, shape.heads, shape.kv_heads, shape.head_dim,
                     shape.head_dim_v, shape.causal, shape.dtype, 1.0 / math.sqrt(shape.head_dim),
-                    config_for(shape.head_dim, shape.causal, pingpong, persistent),
+                    config_for(shape.head_dim, shape.causal, pingpong, persistent, cluster or 1),
                     mainloop_factory)
 
 
@@ -465,18 +531,31 @@ def compiled(*args):
         return compile_sm90a(coop_fwd(*args), pass_configs=PASS_CONFIGS)
 
 
+def compiled_for(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtype,
+                 softmax_scale, pingpong=True, mainloop_factory=serial_mainloop,
+                 persistent=False, cluster=None, device=None):
+    """The compiled kernel ``attention`` launches for these arguments (``cluster`` None: the
+    persistent walk's ``cluster_for`` on ``device``'s L2; the grid sized to its SMs)."""
+    extra = persistent_device_args(device) if persistent else ()
+    if persistent and cluster is None:
+        cluster = cluster_for(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, extra[1])
+    cfg = config_for(head_dim, bool(causal), pingpong, persistent, cluster or 1)
+    return compiled(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, bool(causal), dtype,
+                    softmax_scale, cfg, mainloop_factory, *extra)
+
+
 def attention(q, k, v, causal=False, softmax_scale=None, out=None, pingpong: bool = True,
-              mainloop_factory=serial_mainloop, persistent: bool = False):
+              mainloop_factory=serial_mainloop, persistent: bool = False,
+              cluster: int | None = None):
     """BSHD GQA forward. q (B,S,Hq,D), k (B,S,Hkv,D), v (B,S,Hkv,D) fp16/bf16 on CUDA; D 64/128/256
-    (64/128 when persistent)."""
+    (64/128 when persistent). ``cluster`` (persistent): 2 forces the K/V-multicast CTA pair, 1
+    single CTAs, None picks by ``cluster_for``."""
     dims = validate_attention_inputs(
         q, k, v, supported_head_dims=PERSISTENT_HEAD_DIMS if persistent else HEAD_DIMS, out=out,
         softmax_scale=softmax_scale)
-    cfg = config_for(dims.head_dim, bool(causal), pingpong, persistent)
-    extra = persistent_device_args(q.device) if persistent else ()
-    kernel = compiled(dims.batch, dims.seq_len, dims.heads, dims.kv_heads, dims.head_dim,
-                      dims.head_dim_v, bool(causal), dims.tl_dtype, dims.softmax_scale, cfg,
-                      mainloop_factory, *extra)
+    kernel = compiled_for(dims.batch, dims.seq_len, dims.heads, dims.kv_heads, dims.head_dim,
+                          dims.head_dim_v, causal, dims.tl_dtype, dims.softmax_scale, pingpong,
+                          mainloop_factory, persistent, cluster, q.device)
     if out is None:
         out = torch.empty(*q.shape[:3], dims.head_dim_v, dtype=q.dtype, device=q.device)
     kernel(q, k, v, out)

@@ -26,6 +26,9 @@ off), so O is never zero-filled and block 0 has no O rescale (switches of
 and the next tile's S_0 share one issue turn (``drain_into_next``), so the epilogue runs beside
 a GEMM.
 
+K/V stages are freed through ``t.release`` (a remote arrive too when the persistent kernel
+runs as a CTA pair that multicasts K/V, ``coop.cluster_for``).
+
 Shared memory: coop's plus the two anchors (4 KB): D 128 164 KB, persistent 196 KB.
 """
 import functools
@@ -100,7 +103,7 @@ def _mainloop_factory(deferred_sums: bool, split_mask: bool, anchor_probs: bool,
                 T.named_barrier_arrive(t.schedulers[1 - wg], CONSUMER_THREADS)
             T.wait_wgmma(1)
             T.warpgroup_fence_operand(acc_s, num_regs=t.s_regs)
-            T.mbarrier_arrive(k_empty[stage])
+            t.release(k_empty, stage)
             if mask is not None:
                 mask(acc_s, kb, row0)
             row_stats(acc_s, row_max, row_max_prev, row_rescale, block_sum, row_sum, part_sum)
@@ -110,7 +113,7 @@ def _mainloop_factory(deferred_sums: bool, split_mask: bool, anchor_probs: bool,
             T.wait_wgmma(0)
             T.warpgroup_fence_operand(acc_o, num_regs=t.o_regs)
             T.warpgroup_fence_operand(p, num_regs=t.p_regs)
-            T.mbarrier_arrive(v_empty[prev])
+            t.release(v_empty, prev)
             commit_probs(acc_s, p, acc_o, row_rescale, HALF, t.head_dim_v)
 
         @T.macro
@@ -130,7 +133,7 @@ def _mainloop_factory(deferred_sums: bool, split_mask: bool, anchor_probs: bool,
             stage0 = it0 % t.stages
             T.wait_wgmma(0)
             T.warpgroup_fence_operand(acc_s, num_regs=t.s_regs)
-            T.mbarrier_arrive(k_empty[stage0])
+            t.release(k_empty, stage0)
             t.mask(acc_s, 0, row0)
             if deferred_sums:
                 T.fill(part_sum, 0)  # row_max is -inf: the rescale below multiplies zeros
@@ -166,7 +169,7 @@ def _mainloop_factory(deferred_sums: bool, split_mask: bool, anchor_probs: bool,
                 T.reduce_sum(part_sum, row_sum, dim=1)  # under the last PV GEMM
             T.wait_wgmma(0)
             T.warpgroup_fence_operand(acc_o, num_regs=t.o_regs)
-            T.mbarrier_arrive(v_empty[last])
+            t.release(v_empty, last)
 
         @T.macro
         def drain_into_next(wg, q_s, k_s, v_s, q_full, k_full, v_full, v_empty, loop_range,
@@ -194,7 +197,7 @@ def _mainloop_factory(deferred_sums: bool, split_mask: bool, anchor_probs: bool,
                 T.reduce_sum(part_sum, row_sum, dim=1)  # under the two GEMMs
             T.wait_wgmma(1)
             T.warpgroup_fence_operand(acc_o, num_regs=t.o_regs)
-            T.mbarrier_arrive(v_empty[last])
+            t.release(v_empty, last)
 
         @T.macro
         def tile(wg, row0, q_s, k_s, v_s, k_full, k_empty, v_full, v_empty, loop_range, acc_s,
@@ -220,14 +223,16 @@ def supports(shape: Shape, pingpong: bool = True, persistent: bool = False, **ab
     return coop.supports(shape, pingpong, persistent)
 
 
-def prim_func_for(shape: Shape, pingpong: bool = True, persistent: bool = False, **ablation):
-    """``ablation``: ``overlap_mainloop``'s switches (deferred_sums, split_mask), default on."""
-    return coop.prim_func_for(shape, pingpong, overlap_mainloop(**ablation), persistent)
+def prim_func_for(shape: Shape, pingpong: bool = True, persistent: bool = False,
+                  cluster: int | None = None, **ablation):
+    """``ablation``: ``overlap_mainloop``'s switches (deferred_sums, split_mask), default on;
+    ``cluster`` as in ``coop.attention``."""
+    return coop.prim_func_for(shape, pingpong, overlap_mainloop(**ablation), persistent, cluster)
 
 
 def attention(q, k, v, causal=False, softmax_scale=None, out=None, pingpong: bool = True,
-              persistent: bool = False, **ablation):
+              persistent: bool = False, cluster: int | None = None, **ablation):
     """BSHD GQA forward (as ``kernels.coop.attention``) with the IntraWGOverlap mainloop;
     ``ablation`` as in ``prim_func_for``."""
     return coop.attention(q, k, v, causal, softmax_scale, out, pingpong,
-                          overlap_mainloop(**ablation), persistent)
+                          overlap_mainloop(**ablation), persistent, cluster)

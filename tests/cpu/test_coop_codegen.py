@@ -131,8 +131,11 @@ def test_persistent_roles_and_barriers():
     """Persistent coop: one CTA per SM of the H100 (132) walking tiles in zigzag rounds; Q
     double-buffered behind q_full[2] (32) / q_empty[2] (256: both consumers, after their O store
     has read the slot)."""
+    from kernels import coop_overlap
+
     many_tiles = shapes.Shape("codegen", 2, 32, 8, 4096, 128, 128, True)  # 2048 tiles > 132
-    src = emit.lower("coop-overlap-persistent", many_tiles).source
+    func = coop_overlap.prim_func_for(many_tiles, persistent=True, cluster=1)
+    src = emit.lower_prim_func(func, coop.PASS_CONFIGS).kernel_source
     assert "__launch_bounds__(384, 1)" in src
     # 2048 tiles = 15 zigzag rounds + 68: round 15 runs backwards, so CTAs 64..131 take 16
     assert "for (int i = 0; i < (((int)(63 < ((int)blockIdx.x))) + 15); ++i)" in src
@@ -244,3 +247,62 @@ def test_persistent_epilogue_runs_beside_the_next_tiles_first_qk(tmp_path):
 def test_persistent_refuses_the_serial_mainloop():
     with pytest.raises(ValueError, match="persistent kernel needs"):
         coop.prim_func_for(shapes.get("llama8b-4k"), persistent=True)
+
+
+@pytest.mark.parametrize("name,cluster", [("llama8b-4k", 1), ("llama8b-8k", 2), ("train8b-4k", 2),
+                                          ("train8b-8k", 2), ("llama8b-16k", 2)])
+def test_cluster_for_pairs_ctas_when_kv_exceed_half_of_l2(name, cluster):
+    """16 MB of K/V stay in the H100's 50 MB L2: single CTAs; from 32 MB on, CTA pairs."""
+    s = shapes.get(name)
+    assert coop.cluster_for(s.batch, s.seq_len, s.heads, s.kv_heads, s.head_dim, s.head_dim_v,
+                            50 * 2**20) == cluster
+
+
+def test_cluster_needs_two_heads_of_one_kv_head():
+    big = dict(batch=2, seq_len=8192, head_dim=128, head_dim_v=128, l2_bytes=50 * 2**20)
+    assert coop.cluster_for(heads=12, kv_heads=4, **big) == 1  # group 3
+    assert coop.cluster_for(heads=8, kv_heads=8, **big) == 1  # MHA
+    from kernels import coop_overlap
+
+    odd = shapes.Shape("codegen", 1, 6, 2, 1000, 128, 128, True)
+    with pytest.raises(ValueError, match="must be even"):
+        coop_overlap.prim_func_for(odd, persistent=True, cluster=2)
+    with pytest.raises(ValueError, match="only single CTAs"):
+        coop_overlap.prim_func_for(shapes.get("llama8b-8k"), persistent=False, cluster=2)
+
+
+def test_cluster_pair_shares_each_kv_load():
+    """Cluster 2 (``cluster_for`` picks it at llama8b-8k): rank 0 multicasts each K and V load
+    into both CTAs; every K/V stage's empty barrier counts its 256 consumer threads and the
+    peer's 8 consumer warps, whose lane 0 arrives remotely at each of the 6 release points of
+    a warpgroup (K: block 0 and the two KV loops; V: the two loops and the drain); a cluster_sync after the barriers' init and one before exit; the pair walks
+    1024 units (2048 tiles) in 66 zigzag lanes, head = 2 · pair + rank. 16 MB of K/V: none."""
+    src = emit.lower("coop-overlap-persistent", shapes.get("llama8b-8k")).source
+    assert src.count("tl::tma_load_multicast(K_desc") == 1
+    assert src.count("tl::tma_load_multicast(V_desc") == 1
+    inits = dict(re.findall(r"\b(\w+)\[\d+\]\.init\((\d+)\)", src))
+    assert inits["k_empty"] == inits["v_empty"] == "264"
+    assert inits["k_full"] == inits["v_full"] == "32" and inits["q_empty"] == "256"
+    remote = re.findall(r"(\w_empty)\[.+?\]\.arrive\(\(1 - tl::block_rank_in_cluster\(\)\)\);", src)
+    assert sorted(remote) == ["k_empty"] * 6 + ["v_empty"] * 6
+    assert src.count("tl::cluster_sync();") == 2 and src.rstrip().endswith("tl::cluster_sync();\n}")
+    assert "for (int i = 0; i < (((int)(63 < ((int)blockIdx.x))) + 15); ++i)" in src
+    assert "(65 - (((int)blockIdx.x) >> 1))" in src  # odd rounds walk the pairs backwards
+    assert "* 2) + (((int)blockIdx.x) & 1))" in src  # the Q head: two per pair
+    single = emit.lower("coop-overlap-persistent", shapes.get("llama8b-4k")).source
+    assert "multicast" not in single and "cluster" not in single
+
+
+@needs_nvcc
+def test_cluster_pair_keeps_the_overlap_and_the_registers(tmp_path):
+    """The CTA pair's machine code: K and V loads multicast (UTMALDG ... MULTICAST) beside the
+    single-CTA fallback path TileLang emits, and the same overlap windows, registers and no
+    spills as the single-CTA kernel."""
+    summary = emit.inspect(emit.lower("coop-overlap-persistent", shapes.get("llama8b-8k")),
+                           tmp_path)
+    text = next(tmp_path.glob("*.sass")).read_text()
+    assert len(re.findall(r"UTMALDG\.\dD\.MULTICAST", text)) >= 2
+    assert sass.overlaps_gemm_and_softmax(summary)
+    assert summary.warpgroup_sync.count("ARRIVE") == 2 * (1 + 2 * 2 + 2)
+    assert summary.spill_bytes == 0 and summary.registers == 168
+    assert not [r for r in summary.ptxas_remarks if "C7515" in r]

@@ -3,9 +3,10 @@ IntraWGOverlap mainloop) vs the float64 oracle on the H100.
 
 Grid per mainloop: D ∈ {64, 128, 256} × fp16/bf16 × causal/full × S ∈ {4096, ragged} × pingpong
 on/off, GQA group cycling through 1/4/8, plus batch 3 and a custom scale — 50 cases each;
-the persistent overlap kernel (D 64/128) 18 more (tolerances: ws_lab.check.TOLERANCE). Then,
-per variant: 20 runs on the same inputs give bitwise-identical output, and compute-sanitizer's
-racecheck and memcheck find nothing.
+the persistent overlap kernel (D 64/128) 18 more, and its K/V-multicast CTA pair (cluster 2,
+even GQA groups) 17 more (tolerances: ws_lab.check.TOLERANCE). Then, per variant: 20 runs on
+the same inputs give bitwise-identical output, and compute-sanitizer's racecheck and memcheck
+find nothing.
 """
 import functools
 
@@ -33,22 +34,25 @@ CASES += [dict(c, mainloop="overlap", persistent=True) for c in (
         dict(batch=3, seq_len=777, heads=8, kv_heads=2, head_dim=128, head_dim_v=128, causal=True,
              dtype="float16", scale=None, pingpong=True),
         dict(batch=2, seq_len=8192, heads=32, kv_heads=8, head_dim=128, head_dim_v=128,
-             causal=True, dtype="bfloat16", scale=None, pingpong=True)])]
+             causal=True, dtype="bfloat16", scale=None, pingpong=True)])]  # cluster_for: 2
+# the CTA pair forced on small calls: two heads of each GQA group (2/4/8) share every K/V load
+CASES += [dict(c, mainloop="overlap", persistent=True, cluster=2) for c in (
+    grid(coop.PERSISTENT_HEAD_DIMS, groups=[2, 4, 8], ragged=[1000, 4097, 333], pingpong=True) + [
+        dict(batch=3, seq_len=777, heads=8, kv_heads=2, head_dim=128, head_dim_v=128, causal=True,
+             dtype="float16", scale=None, pingpong=True)])]
 
 
 def _id(c):
-    return f"{c['mainloop']}-{case_id(c)}"
+    return f"{c['mainloop']}-{case_id(c)}" + ("-cluster2" if c.get("cluster") == 2 else "")
 
 
 def _build(c):
     import torch
 
-    persistent = c.get("persistent", False)
-    sms = coop.persistent_device_args(torch.device("cuda", 0)) if persistent else ()
-    coop.compiled(c["batch"], c["seq_len"], c["heads"], c["kv_heads"], c["head_dim"],
-                  c["head_dim_v"], c["causal"], c["dtype"], default_scale(c),
-                  coop.config_for(c["head_dim"], c["causal"], c["pingpong"], persistent),
-                  MAINLOOPS[c["mainloop"]], *sms)
+    coop.compiled_for(c["batch"], c["seq_len"], c["heads"], c["kv_heads"], c["head_dim"],
+                      c["head_dim_v"], c["causal"], c["dtype"], default_scale(c), c["pingpong"],
+                      MAINLOOPS[c["mainloop"]], c.get("persistent", False), c.get("cluster"),
+                      torch.device("cuda", 0))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -62,7 +66,7 @@ def test_coop_matches_oracle(case):
 
     fn = functools.partial(coop.attention, pingpong=case["pingpong"],
                            mainloop_factory=MAINLOOPS[case["mainloop"]],
-                           persistent=case.get("persistent", False))
+                           persistent=case.get("persistent", False), cluster=case.get("cluster"))
     result = check_attention(fn, case["batch"], case["seq_len"], case["heads"], case["kv_heads"],
                              case["head_dim"], case["head_dim_v"], case["causal"],
                              getattr(torch, case["dtype"]), softmax_scale=case["scale"])
@@ -70,7 +74,8 @@ def test_coop_matches_oracle(case):
 
 
 ENTRIES = {"serial": coop.attention, "overlap": coop_overlap.attention,
-           "persistent": functools.partial(coop_overlap.attention, persistent=True)}
+           "persistent": functools.partial(coop_overlap.attention, persistent=True),
+           "cluster": functools.partial(coop_overlap.attention, persistent=True, cluster=2)}
 
 
 @pytest.mark.parametrize("entry", list(ENTRIES.values()), ids=list(ENTRIES))
@@ -93,7 +98,9 @@ assert r.ok, r
 
 
 @pytest.mark.parametrize("entry", ["coop.attention", "coop_overlap.attention",
-                                   "functools.partial(coop_overlap.attention, persistent=True)"],
+                                   "functools.partial(coop_overlap.attention, persistent=True)",
+                                   "functools.partial(coop_overlap.attention, persistent=True, "
+                                   "cluster=2)"],
                          ids=list(ENTRIES))
 @pytest.mark.parametrize("tool", ["racecheck", "memcheck"])
 def test_coop_sanitizer_clean(tool, entry):
