@@ -133,8 +133,8 @@ def kv_bytes(batch, seq_len, kv_heads, head_dim, head_dim_v) -> int:
 def cluster_for(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, l2_bytes) -> int:
     """CTAs per cluster of the persistent walk: 2 (two Q heads of one GQA group on a CTA pair,
     each K/V block loaded once and multicast into both) when the group is even and the call's
-    K/V exceed half of L2; else 1. Measured (NOTES, session 11): +1 to +7 % above that line, −1 %
-    below it (16 MB of K/V, where L2 holds them)."""
+    K/V exceed half of L2; else 1. Measured against single CTAs (NOTES, session 11): +1 to +7 %
+    at 32–64 MB of K/V (±1 % on the full-mask 32 MB row), −1 % at 16 MB, where L2 holds them."""
     group_even = (heads // kv_heads) % 2 == 0
     big = kv_bytes(batch, seq_len, kv_heads, head_dim, head_dim_v) > l2_bytes // 2
     return 2 if group_even and big else 1
