@@ -238,10 +238,11 @@ def table(rows: list[Row]) -> str:
         case = list(case)
         peer_ms = {r.impl: r.ms for r in case}
         for r in case:
-            gaps = [_fmt(peer_ms.get(p) / r.ms if peer_ms.get(p) and r.ms else None, ".2f")
+            # three decimals: a parity call (≥ 1.0× a peer) needs the third
+            gaps = [_fmt(peer_ms.get(p) / r.ms if peer_ms.get(p) and r.ms else None, ".3f")
                     for p in PEERS]
             spread = "n/a" if r.spread is None else f"{100 * r.spread:.1f}%"
-            cells = [r.impl, r.shape, r.mask, r.dtype, _fmt(r.ms, ".3f"), spread,
+            cells = [r.impl, r.shape, r.mask, r.dtype, _fmt(r.ms, ".4f"), spread,
                      _fmt(r.tflops, ".0f"), _fmt(r.rel_err, ".1e")] + gaps
             lines.append("| " + " | ".join(cells) + " |")
     notes = [f"- {r.impl} {r.shape} {r.mask}: {r.note}" for r in rows if r.note and r.impl != "floor"]

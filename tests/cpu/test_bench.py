@@ -58,7 +58,8 @@ def test_table_shows_spread_and_gaps():
     lines = bench.table(rows).splitlines()
     assert lines[0].split(" | ")[4:6] == ["ms", "spread"]
     coop = lines[2].split(" | ")
-    assert coop[5] == "2.1%" and coop[-1].rstrip(" |") == "1.10"  # ×TileOPs = 1.1 / 1.0
+    assert coop[4] == "1.0000" and coop[5] == "2.1%"
+    assert coop[-1].rstrip(" |") == "1.100"  # ×TileOPs = 1.1 / 1.0
     assert lines[4].split(" | ")[5] == "n/a"
     assert "- sdpa-flash s causal: RuntimeError: no" in lines
 
