@@ -125,9 +125,10 @@ def config_for(head_dim: int, causal: bool, pingpong: bool = True,
                   persistent=persistent, cluster=cluster)
 
 
-def kv_bytes(batch, seq_len, kv_heads, head_dim, head_dim_v) -> int:
-    """The call's K and V in bytes (2-byte elements)."""
-    return batch * kv_heads * seq_len * (head_dim + head_dim_v) * 2
+def kv_exceed_half_l2(batch, seq_len, kv_heads, head_dim, head_dim_v, l2_bytes) -> bool:
+    """The call's K and V (2-byte elements) do not fit in half of L2: the line above which the
+    persistent walk groups Q tiles by head and runs CTA pairs."""
+    return batch * kv_heads * seq_len * (head_dim + head_dim_v) * 2 > l2_bytes // 2
 
 
 def cluster_for(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, l2_bytes) -> int:
@@ -136,7 +137,7 @@ def cluster_for(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, l2_bytes)
     K/V exceed half of L2; else 1. Measured against single CTAs (NOTES, session 11): +1 to +7 %
     at 32–64 MB of K/V (±1 % on the full-mask 32 MB row), −1 % at 16 MB, where L2 holds them."""
     group_even = (heads // kv_heads) % 2 == 0
-    big = kv_bytes(batch, seq_len, kv_heads, head_dim, head_dim_v) > l2_bytes // 2
+    big = kv_exceed_half_l2(batch, seq_len, kv_heads, head_dim, head_dim_v, l2_bytes)
     return 2 if group_even and big else 1
 
 
@@ -369,7 +370,7 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
         ctas = min(num_ctas, num_tiles) // lanes * lanes
         walkers = ctas // lanes
         rounds, partial = divmod(num_tiles // lanes, walkers)
-        big = kv_bytes(batch, seq_len, kv_heads, head_dim, head_dim_v) > l2_bytes // 2
+        big = kv_exceed_half_l2(batch, seq_len, kv_heads, head_dim, head_dim_v, l2_bytes)
         rank_group = RANK_GROUP if big else 1
         head_groups = heads // lanes
         head_batches = head_groups * batch
