@@ -3,8 +3,9 @@
 For each shape × mask × dtype it checks each implementation once against the float64 oracle
 (NaN-poisoned output for the lab's kernels), times it with ``triton.testing.do_bench`` (median,
 rotating input sets when they fit in L2) in interleaved rounds — every implementation once per
-round, the order reversed every other round, so none is always measured at the same point of
-the GPU's clock and temperature drift; a row's time is the median of its round medians and
+round, in a fresh seeded shuffle each round, so none is always measured at the same point of
+the GPU's clock and temperature drift or right after the same neighbour (``round_orders``); a
+row's time is the median of its round medians and
 ``spread`` their range — and prints one markdown table with the gap columns:
 ``×peer`` = peer time / row time (> 1: the row is faster). A peer that fails or is absent shows
 ``n/a`` and never stops the run. Without CUDA it prints the static report (emitted CUDA + SASS
@@ -16,6 +17,7 @@ import argparse
 import itertools
 import json
 import math
+import random
 import statistics
 import sys
 import warnings
@@ -146,16 +148,37 @@ def _input_sets(shape: shapes.Shape, device):
 ROUND_WARMUP_MS, ROUND_REP_MS = 50, 250  # per implementation and round
 
 
+ROUND_ORDER_SEED = 0
+
+
+def round_orders(names: list[str], rounds: int, seed: int = ROUND_ORDER_SEED) -> list[list[str]]:
+    """The timing order of each round: a seeded shuffle of ``names`` per round, none timed
+    twice in a row across a round boundary. A fixed order reversed every other round gave each
+    implementation the same neighbours and timed the two ends twice back to back; in run 37
+    (NOTES.md) the ends' round medians moved 1-4 % between forward and reversed rounds, with a
+    sign that changed from shape to shape. Shuffled neighbours turn that bias into
+    round-to-round spread, which the median absorbs."""
+    rng = random.Random(seed)
+    orders, last = [], None
+    for _ in range(rounds):
+        order = list(names)
+        rng.shuffle(order)
+        if len(order) > 1 and order[0] == last:
+            order.append(order.pop(0))  # the previous round's last goes to this round's end
+        orders.append(order)
+        last = order[-1]
+    return orders
+
+
 def time_rounds(calls: dict[str, Callable], rounds: int):
-    """Median ms of each zero-argument callable in each of ``rounds`` rounds; the order is
-    reversed every other round, so no implementation always runs first, last or right after a
-    slower (cooler) one. Returns ({name: ms per round}, {name: exception}); a call that raises
-    is timed no more and left out of the first dict."""
+    """Median ms of each zero-argument callable in each of ``rounds`` rounds, in the orders of
+    ``round_orders``. Returns ({name: ms per round}, {name: exception}); a call that raises is
+    timed no more and left out of the first dict."""
     import triton.testing
 
     times, failed = {name: [] for name in calls}, {}
-    for rnd in range(rounds):
-        for name in (list(calls) if rnd % 2 == 0 else list(reversed(calls))):
+    for order in round_orders(list(calls), rounds):
+        for name in order:
             if name in failed:
                 continue
             try:
@@ -191,7 +214,7 @@ def _checked_call(name, make, shape, sets, ref, is_lab: bool):
 
 
 def measure(shape: shapes.Shape, impls: dict[str, Callable], is_lab: set[str],
-            rounds: int = 4) -> list[Row]:
+            rounds: int = 8) -> list[Row]:
     import torch
 
     from ws_lab import oracle
@@ -303,10 +326,11 @@ def parse_args(argv, default_shapes: list[str], extra: Callable | None = None):
     ap.add_argument("--causal", choices=["0", "1", "both"], default=None,
                     help="override each shape's default mask")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="float16")
-    ap.add_argument("--rounds", type=_positive_int, default=4,
-                    help="interleaved timing rounds per shape (default 4: an even count puts "
-                         "every implementation at both ends of the order equally often; each "
-                         "row is the median)")
+    ap.add_argument("--rounds", type=_positive_int, default=8,
+                    help="interleaved timing rounds per shape, each in its own shuffled order "
+                         "(default 8; a row is the median of its rounds. A round costs about "
+                         "0.3 s per implementation against tens of seconds of compiling per "
+                         "shape, and more rounds narrow the median a parity call is read off)")
     ap.add_argument("--json", type=Path, help="write the rows as JSON here")
     ap.add_argument("--plot", type=Path, help="write a TFLOPS-vs-seqlen PNG here")
     if extra:

@@ -21,14 +21,39 @@ def drifting_do_bench(monkeypatch):
     return calls
 
 
-def test_rounds_alternate_the_order(drifting_do_bench):
+def test_rounds_follow_the_shuffled_orders(drifting_do_bench):
     times, failed = bench.time_rounds({n: (lambda n=n: n) for n in "abc"}, rounds=3)
+    orders = bench.round_orders(list("abc"), 3)
     assert not failed
-    assert drifting_do_bench == list("abc" + "cba" + "abc")
-    assert {n: len(t) for n, t in times.items()} == {"a": 3, "b": 3, "c": 3}
-    # a drift of 1 % a call: 'a' sees calls 0, 5, 6 and 'c' calls 2, 3, 8
-    assert times["a"] == pytest.approx([1.0, 1.05, 1.06])
-    assert times["c"] == pytest.approx([4.08, 4.12, 4.32])
+    assert drifting_do_bench == [n for order in orders for n in order]
+    # a drift of 1 % a call: each time is its base scaled by the call's position in the run
+    for name, base in {"a": 1.0, "b": 2.0, "c": 4.0}.items():
+        slots = [i for i, n in enumerate(drifting_do_bench) if n == name]
+        assert times[name] == pytest.approx([base * (1 + 0.01 * i) for i in slots])
+
+
+NAMES = ["persistent", "overlap", "overlap-nopp", "coop", "coop-nopp", "sdpa-cudnn",
+         "sdpa-flash", "sdpa-efficient", "pipelined", "tileops"]
+
+
+@pytest.mark.parametrize("names", [list("ab"), list("abc"), NAMES])
+def test_no_implementation_is_timed_twice_in_a_row(names):
+    orders = bench.round_orders(names, 16)
+    assert all(sorted(order) == sorted(names) for order in orders)
+    sequence = [n for order in orders for n in order]
+    assert all(x != y for x, y in zip(sequence, sequence[1:]))
+
+
+def test_neighbours_change_from_round_to_round():
+    """The bench's own ten implementations over its default 8 rounds: the ends of the old
+    fixed order (persistent, tileops) and every other implementation follow several different
+    implementations, and no round repeats the one before it."""
+    orders = bench.round_orders(NAMES, bench.parse_args([], ["llama8b-4k"]).rounds)
+    sequence = [n for order in orders for n in order]
+    before = {n: {p for p, x in zip(sequence, sequence[1:]) if x == n} for n in NAMES}
+    assert min(len(p) for p in before.values()) >= 3, before
+    assert all(a != b for a, b in zip(orders, orders[1:]))
+    assert bench.round_orders(NAMES, 8) == orders  # seeded: a rerun times in the same orders
 
 
 @pytest.mark.parametrize("rounds", [1, 2, 4])
