@@ -146,8 +146,7 @@ def _input_sets(shape: shapes.Shape, device):
 
 
 ROUND_WARMUP_MS, ROUND_REP_MS = 50, 250  # per implementation and round
-
-
+DEFAULT_ROUNDS = 8
 ROUND_ORDER_SEED = 0
 
 
@@ -214,7 +213,7 @@ def _checked_call(name, make, shape, sets, ref, is_lab: bool):
 
 
 def measure(shape: shapes.Shape, impls: dict[str, Callable], is_lab: set[str],
-            rounds: int = 8) -> list[Row]:
+            rounds: int = DEFAULT_ROUNDS) -> list[Row]:
     import torch
 
     from ws_lab import oracle
@@ -326,11 +325,12 @@ def parse_args(argv, default_shapes: list[str], extra: Callable | None = None):
     ap.add_argument("--causal", choices=["0", "1", "both"], default=None,
                     help="override each shape's default mask")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="float16")
-    ap.add_argument("--rounds", type=_positive_int, default=8,
+    ap.add_argument("--rounds", type=_positive_int, default=DEFAULT_ROUNDS,
                     help="interleaved timing rounds per shape, each in its own shuffled order "
-                         "(default 8; a row is the median of its rounds. A round costs about "
-                         "0.3 s per implementation against tens of seconds of compiling per "
-                         "shape, and more rounds narrow the median a parity call is read off)")
+                         f"(default {DEFAULT_ROUNDS}; a row is the median of its rounds. A round "
+                         "costs about 0.3 s per implementation against tens of seconds of "
+                         "compiling per shape, and more rounds narrow the median a parity call "
+                         "is read off)")
     ap.add_argument("--json", type=Path, help="write the rows as JSON here")
     ap.add_argument("--plot", type=Path, help="write a TFLOPS-vs-seqlen PNG here")
     if extra:
