@@ -275,8 +275,9 @@ def test_cluster_pair_shares_each_kv_load():
     """Cluster 2 (``cluster_for`` picks it at llama8b-8k): rank 0 multicasts each K and V load
     into both CTAs; every K/V stage's empty barrier counts its 256 consumer threads and the
     peer's 8 consumer warps, whose lane 0 arrives remotely at each of the 6 release points of
-    a warpgroup (K: block 0 and the two KV loops; V: the two loops and the drain); a cluster_sync after the barriers' init and one before exit; the pair walks
-    1024 units (2048 tiles) in 66 zigzag lanes, head = 2 · pair + rank. 16 MB of K/V: none."""
+    a warpgroup (K: block 0 and the two KV loops; V: the two loops and the drain); a
+    cluster_sync after the barriers' init and one before exit; the pair walks 1024 units (2048
+    tiles) in 66 zigzag lanes, head = 2 · pair + rank. 16 MB of K/V: none."""
     src = emit.lower("coop-overlap-persistent", shapes.get("llama8b-8k")).source
     assert src.count("tl::tma_load_multicast(K_desc") == 1
     assert src.count("tl::tma_load_multicast(V_desc") == 1
