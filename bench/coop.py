@@ -10,5 +10,5 @@ import sys
 from ws_lab import bench
 
 if __name__ == "__main__":
-    bench.main(["coop-overlap-persistent", "coop-overlap", "coop-overlap-nopp", "coop", "coop-nopp"], ["llama8b-4k"],
-               sys.argv[1:])
+    bench.main(["coop-overlap-persistent", "coop-overlap", "coop-overlap-nopp", "coop",
+                "coop-nopp"], ["llama8b-4k"], sys.argv[1:])

@@ -97,10 +97,10 @@ def test_sass_summary_on_a_golden_snippet():
 def test_repro_bundle_for_every_pin():
     from ws_lab import repro
 
-    assert repro.names() == ["annotated_fragment_second_warpgroup", "fence_operand_num_regs",
-                             "fence_proxy_for_unrelated_smem", "gemm_fence_two_warpgroups",
-                             "smem_reuse_without_syncs", "stripe_fragment_layout",
-                             "wgmma_fence_before_wait"]
+    assert repro.names() == ["annotated_fragment_second_warpgroup", "annotated_swizzle_k_slice",
+                             "fence_operand_num_regs", "fence_proxy_for_unrelated_smem",
+                             "gemm_fence_two_warpgroups", "smem_reuse_without_syncs",
+                             "stripe_fragment_layout", "wgmma_fence_before_wait"]
     for name in repro.names():
         text = repro.bundle(name)
         for section in ("## Versions", "## Minimal kernel", "## Emitted CUDA", "## Expected",

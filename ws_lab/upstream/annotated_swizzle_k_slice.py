@@ -1,0 +1,65 @@
+"""A wgmma over a K-slice of an annotated shared buffer silently replaces the buffer's layout.
+
+``T.annotate_layout({a_s: make_swizzled_layout(a_s)})`` on a 64 × 64 fp16 buffer gives the
+128-byte swizzle (``initialize_wgmma_descriptor<1, 1, 64>``), and a full-width wgmma walks its
+four k-steps at 32-byte offsets inside that layout. Issue the same wgmma over ``a_s[:, 0:16]``
+(one k-step) and TileLang 0.1.15 re-lays the *whole* buffer in the 32-byte swizzle
+(``<3, 1, 16>``): the annotation is ignored without a word, and every other access to the buffer
+changes with it — in the lab's persistent kernel every Q and K TMA load split into 8 boxes of
+16 columns instead of 2 of 64. Found writing TileOPs' one-k-step throwaway QK after a CTA's
+last tile (NOTES.md, session 14).
+"""
+import re
+
+import tilelang.language as T
+from tilelang.layout import make_swizzled_layout
+
+from ws_lab.upstream import lower_sm90a
+
+TITLE = "a wgmma over a K-slice overrides the buffer's annotated swizzled layout"
+UPSTREAM = "to be filed (bundle: python -m ws_lab.repro annotated_swizzle_k_slice)"
+PASS_CONFIGS = {}
+EXPECTED = ("the annotated 128-byte swizzle kept (descriptor <1, 1, 64>, as for the full-width "
+            "wgmma; a 16-column slice starts at a 32-byte offset inside it), or an error saying "
+            "the annotation cannot serve the slice")
+WORKAROUND = ("none needed in the kernels: the one-k-step QK was dropped (it would re-lay Q and "
+              "K for every block to save one 512-clock GEMM a CTA)")
+EXCERPT = r"initialize_wgmma_descriptor|wgmma_ss|a_s\)\[|a_s\) \+"
+
+
+def kernel(k_cols: int = 16):
+    @T.prim_func
+    def k_slice(A: T.Tensor([64, 64], "float16"), B: T.Tensor([64, 64], "float16"),
+                C: T.Tensor([64, 64], "float")):
+        with T.Kernel(1, threads=128) as _:
+            a_s = T.alloc_shared([64, 64], "float16")
+            b_s = T.alloc_shared([64, 64], "float16")
+            acc = T.alloc_fragment([64, 64], "float")
+            T.annotate_layout({a_s: make_swizzled_layout(a_s), b_s: make_swizzled_layout(b_s)})
+            T.copy(A, a_s)
+            T.copy(B, b_s)
+            T.wgmma_gemm(a_s[:, 0:k_cols], b_s[:, 0:k_cols], acc, transpose_B=True,
+                         clear_accum=True)
+            T.wait_wgmma(0)
+            T.copy(acc, C)
+
+    return k_slice
+
+
+def lower(k_cols: int = 16):
+    return lower_sm90a(kernel(k_cols), PASS_CONFIGS)
+
+
+def _descriptors(src: str) -> set[str]:
+    return set(re.findall(r"initialize_wgmma_descriptor<([^>]*)>", src))
+
+
+def check():
+    """(ok, actual): ok when the one-k-step wgmma keeps the layout the full-width one gets."""
+    try:
+        sliced = _descriptors(lower(16))
+    except Exception as exc:  # an explicit refusal is an acceptable fix
+        return True, f"lowering refuses it: {type(exc).__name__}"
+    full = _descriptors(lower(64))
+    return sliced == full, (f"descriptor layouts: full width {sorted(full)}, "
+                            f"K-slice {sorted(sliced)}")
