@@ -1,11 +1,14 @@
 """Benchmark the cooperative warp-specialized forward — serial (coop) and IntraWGOverlap
 (coop-overlap) mainloops, each with and without pingpong, and the persistent overlap kernel
-(coop-overlap-persistent) — against the lab's pipelined baseline, TileOPs, and cuDNN / flash /
-mem-efficient SDPA, in one process.
+(coop-overlap-persistent) — against the lab's pipelined baseline, TileOPs, FlashAttention's
+CuTe-DSL forward (FA-CuTe) and cuDNN / flash / mem-efficient SDPA, in one process.
 
     python bench/coop.py --shape llama8b-4k --shape llama8b-8k --shape train8b-4k
 """
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # import this checkout's ws_lab
 
 from ws_lab import bench
 

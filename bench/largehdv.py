@@ -5,6 +5,9 @@ tensor-core floor, in one process.
     python bench/largehdv.py --shape largehdv-2k --shape largehdv-1k
 """
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # import this checkout's ws_lab
 
 from ws_lab import bench
 

@@ -3,6 +3,9 @@
     python bench/mha.py        # LLaMA-7B causal d128 (1, 32, S 512…4096) and GPT-2 (16, 12, 512) d64
 """
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # import this checkout's ws_lab
 
 from ws_lab import bench, shapes
 

@@ -1,16 +1,22 @@
 """Paged decode attention: every mode of kernels/paged.py vs SDPA (contiguous K/V), TileOPs'
-paged op and the HBM floor, in one process.
+and FA-CuTe's paged ops and the HBM floor, in one process, on block tables where every
+physical block belongs to one sequence.
 
     python bench/paged.py                  # the named rows (block size 16)
     python bench/paged.py --sweep          # 82 shapes: how often auto is within 5 % of the best
 """
-import argparse
-import json
-from dataclasses import asdict
+import sys
 from pathlib import Path
 
-from kernels import paged
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # import this checkout's ws_lab
+
+import json
+from dataclasses import asdict
+
 from ws_lab import bench_paged as bp
+from ws_lab import cli, registry
+
+paged = registry.decode("paged")
 
 ROWS = [bp.PagedRow("llama7b-2k", 8, 32, 32, 2048), bp.PagedRow("llama7b-8k", 8, 32, 32, 8192),
         bp.PagedRow("llama3-8b", 8, 32, 8, 2048), bp.PagedRow("llama3-8b", 32, 32, 8, 2048),
@@ -55,32 +61,63 @@ def tune(copy_gbps, json_path=None):
     return winner
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--sweep", action="store_true")
-    ap.add_argument("--block-size", type=int, nargs="+", default=[16])
-    ap.add_argument("--json", type=Path)
-    ap.add_argument("--tune", action="store_true", help="sweep split_k launch configs on TUNE_ROWS")
+def _parser():
+    ap = cli.ArgumentParser(prog="bench/paged.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sweep", action="store_true",
+                    help="time every mode on the 82-shape sweep and count how often auto is "
+                         "within 5 %% of the best mode (needs a GPU)")
+    ap.add_argument("--block-size", type=int, nargs="+", default=[16],
+                    help="KV-cache block sizes (tokens), one row set per size (default 16)")
+    ap.add_argument("--json", type=Path,
+                    help="write the rows as JSON here (without a GPU: the static report)")
+    ap.add_argument("--tune", action="store_true",
+                    help="sweep split_k launch configs on TUNE_ROWS (needs a GPU)")
     ap.add_argument("--config", help="launch config 'tile,warps,stages,waves[,scratch_div"
                                      "[,merge_partials]]' (default: each mode's "
-                                     "kernels.paged.launch_config)")
-    args = ap.parse_args()
+                                     "paged.launch_config; needs a GPU)")
+    return ap
+
+
+def static_report(block_sizes, json_path):
+    from ws_lab import triton_static
+
+    print("no CUDA device: printing the static report (sm_90 SASS summary of the gqa and "
+          "split_k kernels for each row's head layout) instead\n")
+    records = []
+    layouts = {(r.heads, r.kv_heads, r.head_dim, bs): r for r in ROWS for bs in block_sizes}
+    for (heads, kv_heads, head_dim, bs), r in layouts.items():
+        for spec in paged.static_specs(heads, kv_heads, head_dim, bs, r.dtype):
+            with cli.status(f"compiling {spec.name} for {heads}/{kv_heads}, block {bs}"):
+                text = triton_static.report(spec)
+            print(f"{r.name} ({heads}/{kv_heads}, block {bs}): {text}\n")
+            records.append(dict(row=r.name, heads=heads, kv_heads=kv_heads, block_size=bs,
+                                report=text))
+    if json_path:
+        json_path.write_text(json.dumps({"device": None, "static_report": records}, indent=1))
+
+
+def _main(argv):
+    args = _parser().parse_args(argv)
     import torch
 
+    for bs in args.block_size:
+        if bs < 8 or bs > 128 or bs & (bs - 1):
+            raise cli.UsageError(f"--block-size must be a power of two in 8..128, got {bs}")
+    try:
+        config = None if args.config is None else paged.LaunchConfig.parse(args.config)
+    except (TypeError, ValueError):
+        raise cli.UsageError(f"--config takes 4 to 6 comma-separated integers, got "
+                             f"{args.config!r}") from None
     if not torch.cuda.is_available():
-        from ws_lab import triton_static
-
-        print("no CUDA device: printing the static report (sm_90 SASS summary of the gqa and "
-              "split_k kernels for each row's head layout) instead\n")
-        for r in {(r.heads, r.kv_heads, r.head_dim, r.block_size): r for r in ROWS}.values():
-            for spec in paged.static_specs(r.heads, r.kv_heads, r.head_dim, r.block_size, r.dtype):
-                print(f"{r.name} ({r.heads}/{r.kv_heads}): " + triton_static.report(spec) + "\n")
-        return
+        for option in ("sweep", "tune", "config"):
+            if getattr(args, option):
+                raise cli.UsageError(f"--{option} needs timings, and there is no CUDA device "
+                                     "here")
+        return static_report(args.block_size, args.json)
     copy = bp.copy_bandwidth_gbps()
     print(f"{torch.cuda.get_device_name()}: device copy {copy:.0f} GB/s (read + write)\n")
     if args.tune:
         return tune(copy, args.json)
-    config = None if args.config is None else paged.LaunchConfig.parse(args.config)
     rows = bp.sweep_rows() if args.sweep else [
         bp.PagedRow(r.name, r.batch, r.heads, r.kv_heads, r.context, block_size=bs)
         for r in ROWS for bs in args.block_size]
@@ -91,8 +128,13 @@ def main():
     print(f"\nauto within 5 % of the best mode on {hits}/{total} rows")
     if args.json:
         args.json.write_text(json.dumps([dict(row=asdict(r.row), us=r.us, errors=r.errors,
-                                              notes=r.notes, copy_gbps=r.copy_gbps)
+                                              peer_errors=r.peer_errors, notes=r.notes,
+                                              copy_gbps=r.copy_gbps)
                                          for r in results], indent=1))
+
+
+def main(argv=None):
+    cli.main(_main, argv, "bench/paged.py")
 
 
 if __name__ == "__main__":

@@ -3,12 +3,16 @@
     python bench/pipelined.py --shape llama8b-4k --shape llama8b-8k --causal both
     python bench/pipelined.py --tune --shape llama8b-4k     # sweep configs, print CONFIGS lines
 """
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # import this checkout's ws_lab
+
 import functools
 import itertools
 import math
-import sys
 
-from ws_lab import bench
+from ws_lab import bench, cli, registry
 
 
 # (block_m, block_n, threads, num_stages, heavy_first); 256 threads need block_m 128.
@@ -23,7 +27,7 @@ def tune(cases):
     import torch
     import triton.testing
 
-    from kernels import pipelined
+    pipelined = registry.get("pipelined").module_object()
     from ws_lab.check import check_attention, random_qkv
 
     for shape in cases:
@@ -64,10 +68,18 @@ def tune(cases):
         print(f"    ({shape.head_dim}, {shape.head_dim_v}, {shape.causal}): {best},")
 
 
+def _main(argv):
+    args = bench.parse_args(argv, ["llama8b-4k"], extra=lambda ap: ap.add_argument(
+        "--tune", action="store_true",
+        help="time every candidate config on each shape and print CONFIGS lines (needs a GPU)"))
+    if not args.tune:
+        return bench.run(["pipelined"], args)
+    import torch
+
+    if not torch.cuda.is_available():
+        raise bench.needs_gpu("--tune")
+    tune(args.cases)
+
+
 if __name__ == "__main__":
-    args = bench.parse_args(sys.argv[1:], ["llama8b-4k"],
-                            extra=lambda ap: ap.add_argument("--tune", action="store_true"))
-    if args.tune:
-        tune(args.cases)
-    else:
-        bench.run(["pipelined"], args)
+    cli.main(_main, sys.argv[1:])

@@ -66,9 +66,9 @@ import tilelang.language as T
 import torch
 from tilelang.layout import make_swizzled_layout
 
-import postproc
-from kernels import LOG2E, qtile_grid
-from kernels.softmax import alloc_softmax_state, normalize_o, online_softmax, score_mask
+from ws_lab import postproc
+from ws_lab.kernels import LOG2E, qtile_grid
+from ws_lab.kernels.softmax import alloc_softmax_state, normalize_o, online_softmax, score_mask
 from ws_lab.check import validate_attention_inputs
 from ws_lab.shapes import Shape
 from ws_lab.target import H100_L2_BYTES, H100_SMS, compile_sm90a

@@ -36,12 +36,12 @@ from types import SimpleNamespace
 
 import tilelang.language as T
 
-from kernels import coop
-from kernels.coop import CONSUMER_THREADS, HALF, PASS_CONFIGS  # noqa: F401  (emit reads PASS_CONFIGS)
-from kernels.softmax import (add_partial_sums, alloc_partial_sums, commit_probs,
+from ws_lab.kernels import coop
+from ws_lab.kernels.coop import CONSUMER_THREADS, HALF, PASS_CONFIGS  # noqa: F401  (emit reads PASS_CONFIGS)
+from ws_lab.kernels.softmax import (add_partial_sums, alloc_partial_sums, commit_probs,
                              first_masked_block, rescale_partial_sums, score_mask, softmax_probs,
                              softmax_stats)
-from postproc import drop_anchor_fences
+from ws_lab.postproc import drop_anchor_fences
 from ws_lab.shapes import Shape
 
 

@@ -35,10 +35,10 @@ import tilelang.language as T
 import torch
 from tilelang.layout import make_swizzled_layout
 
-from kernels import LOG2E, qtile_grid
-from kernels.coop import (CONSUMER_THREADS, PASS_CONFIGS, PRODUCER_WARP, NamedBarrier,
+from ws_lab.kernels import LOG2E, qtile_grid
+from ws_lab.kernels.coop import (CONSUMER_THREADS, PASS_CONFIGS, PRODUCER_WARP, NamedBarrier,
                           kv_producer, store_o)
-from kernels.softmax import (alloc_softmax_state, normalize_o, rescale_o, score_mask,
+from ws_lab.kernels.softmax import (alloc_softmax_state, normalize_o, rescale_o, score_mask,
                              softmax_stats)
 from ws_lab.check import validate_attention_inputs
 from ws_lab.shapes import Shape

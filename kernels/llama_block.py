@@ -4,7 +4,7 @@ projection), the model that proves ``torch.ops.ws_lab.triton_mha`` compiles with
 import torch
 from torch import nn
 
-from kernels.triton_mha import triton_mha
+from ws_lab.kernels.triton_mha import triton_mha
 
 
 def rotate(x, cos, sin):

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import LOG2E
+from ws_lab.kernels import LOG2E
 
 MODES = ("v1", "gqa", "split_k")
 HEAD_DIMS = (64, 80, 96, 128, 256)

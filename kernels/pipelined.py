@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import tilelang.language as T
 import torch
 
-from kernels import LOG2E, qtile_grid
-from kernels.softmax import alloc_softmax_state, normalize_o, online_softmax
+from ws_lab.kernels import LOG2E, qtile_grid
+from ws_lab.kernels.softmax import alloc_softmax_state, normalize_o, online_softmax
 from ws_lab.check import validate_attention_inputs
 from ws_lab.shapes import Shape
 from ws_lab.target import compile_sm90a

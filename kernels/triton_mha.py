@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import LOG2E
+from ws_lab.kernels import LOG2E
 from ws_lab.check import validate_attention_inputs
 
 HEAD_DIMS = [(d, d) for d in (64, 128)]

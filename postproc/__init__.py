@@ -10,9 +10,9 @@ under the ones it needs.
 import contextlib
 import threading
 
-from postproc.anchors import drop_anchor_fences
-from postproc.fences import fence_after_wait
-from postproc.report import PostprocError, Rewrite
+from ws_lab.postproc.anchors import drop_anchor_fences
+from ws_lab.postproc.fences import fence_after_wait
+from ws_lab.postproc.report import PostprocError, Rewrite
 
 PASSES = (fence_after_wait, drop_anchor_fences)
 HOOK = "tilelang_callback_cuda_postproc"
@@ -25,7 +25,7 @@ def postprocess(code: str, passes=PASSES) -> tuple[str, list[Rewrite]]:
     report: list[Rewrite] = []
     for rewrite in passes:
         code, done = rewrite(code)
-        report += done
+        report += [r.by(rewrite.__name__) for r in done]
     return code, report
 
 

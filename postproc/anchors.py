@@ -17,7 +17,7 @@ refuses code that breaks either condition, is idempotent, and reports each remov
 """
 import re
 
-from postproc.report import PostprocError, Rewrite
+from ws_lab.postproc.report import PostprocError, Rewrite
 
 _SHARED = re.compile(r"void\* (\w+) = \(\(void\*\)\(\(char\*\)buf_dyn_shmem \+ \d+\)\);")
 _ANCHOR = re.compile(r"^wait_anchor(?:_\d+)?$")

@@ -16,7 +16,7 @@ and refuses code it does not understand (a group without fences, a group never w
 """
 import re
 
-from postproc.report import PostprocError, Rewrite
+from ws_lab.postproc.report import PostprocError, Rewrite
 
 _ARRIVE = re.compile(r"\btl::warpgroup_arrive\(\);")
 _MMA = re.compile(r"\btl::wgmma_(ss|rs)<")

@@ -1,1 +1,12 @@
-"""ws-lab: warp-specialized attention kernels for Hopper, with one harness for all of them."""
+"""ws-lab: warp-specialized attention kernels for Hopper, with one harness for all of them.
+
+The kernel families (``kernels/``) and the CUDA post-processor (``postproc/``) live beside this
+package in the checkout and install as ``ws_lab.kernels`` and ``ws_lab.postproc`` (pyproject's
+``package-dir``). Run from a checkout without installing (the GPU machine's ``PYTHONPATH=$PWD``),
+the same names resolve through the checkout root added to this package's search path.
+"""
+import os as _os
+
+_ROOT = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
+if _os.path.isfile(_os.path.join(_ROOT, "kernels", "__init__.py")):
+    __path__.append(_ROOT)  # noqa: F821  (a package's own __path__)

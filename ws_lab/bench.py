@@ -30,9 +30,9 @@ from ws_lab import registry, shapes
 # Tensor-core and HBM ceilings of the H100 SXM used for the floor row (measured: NOTES.md).
 TENSOR_TFLOPS = 792.0
 HBM_TBPS = 3.0
-PEERS = ["sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "pipelined", "tileops"]
+PEERS = ["sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "pipelined", "tileops", "fa-cute"]
 GAP_LABEL = {"sdpa-cudnn": "×cuDNN", "sdpa-flash": "×flash", "sdpa-efficient": "×mem-eff",
-             "pipelined": "×pipelined", "tileops": "×TileOPs"}
+             "pipelined": "×pipelined", "tileops": "×TileOPs", "fa-cute": "×FA-CuTe"}
 DTYPES = {"float16": "float16", "fp16": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16"}
 
 
@@ -110,12 +110,28 @@ def _tileops_impl():
     return make
 
 
+def _fa_cute_impl():
+    """FlashAttention's CuTe-DSL forward (flash-attn-4's ``flash_attn.cute``; on sm_90 its
+    FlashAttentionForwardSm90, the FA3 design), BSHD with native GQA."""
+    def make(q, k, v, causal):
+        from flash_attn.cute import flash_attn_func
+
+        def call():
+            out = flash_attn_func(q, k, v, causal=causal)
+            return out[0] if isinstance(out, tuple) else out  # (out, lse) in some versions
+
+        return call
+
+    return make
+
+
 def implementations(lab_kernels: list[str]) -> dict[str, Callable]:
     impls = {name: _lab_impl(name) for name in dict.fromkeys(lab_kernels + ["pipelined"])}
     impls["sdpa-cudnn"] = _sdpa_impl("CUDNN_ATTENTION")
     impls["sdpa-flash"] = _sdpa_impl("FLASH_ATTENTION")
     impls["sdpa-efficient"] = _sdpa_impl("EFFICIENT_ATTENTION")
     impls["tileops"] = _tileops_impl()
+    impls["fa-cute"] = _fa_cute_impl()
     return impls
 
 
@@ -291,48 +307,60 @@ def plot(rows: list[Row], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def static_report(kernels: list[str], cases: list[shapes.Shape]) -> None:
-    from ws_lab import emit, triton_static
+def static_report(kernels: list[str], cases: list[shapes.Shape]) -> list[dict]:
+    """Prints each kernel's static report on each case (lowering shows a status line per
+    kernel); returns them as records for ``--json``."""
+    from ws_lab import emit
 
     print("no CUDA device: printing the static report (emitted CUDA + SASS summary) instead\n")
+    records = []
     for shape in cases:
         for name in kernels:
-            kernel = registry.get(name)
-            if not kernel.supports(shape):
-                print(f"{name} does not support {shape.name}\n")
-                continue
-            try:
-                if kernel.static_specs:  # a Triton kernel
-                    for spec in kernel.static_specs(shape):
-                        print(f"{name} on {shape.name}: " + triton_static.report(spec) + "\n")
-                else:
-                    print(emit.report(name, shape) + "\n")
-            except Exception as exc:  # e.g. no nvcc on this machine
-                print(f"{name} on {shape.name}: static report failed: {exc}\n")
+            if not registry.get(name).supports(shape):
+                text = f"{name} does not support {shape.name}"
+            else:
+                try:
+                    text = emit.report(name, shape)
+                except Exception as exc:  # e.g. no nvcc on this machine
+                    text = f"{name} on {shape.name}: static report failed: {exc}"
+            print(text + "\n")
+            records.append({"kernel": name, "shape": shape.name, "causal": shape.causal,
+                            "dtype": shape.dtype, "report": text})
+    return records
 
 
 def _positive_int(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
 
 
 def parse_args(argv, default_shapes: list[str], extra: Callable | None = None):
-    ap = argparse.ArgumentParser()
+    from ws_lab import cli
+
+    ap = cli.ArgumentParser(description=(sys.modules["__main__"].__doc__ or "").split("\n\n")[0]
+                            or None)
     ap.add_argument("--shape", action="append", choices=sorted(shapes.SHAPES),
-                    help=f"repeatable; default {', '.join(default_shapes)}")
+                    help=f"a registered shape, repeatable; default {', '.join(default_shapes)}")
     ap.add_argument("--causal", choices=["0", "1", "both"], default=None,
-                    help="override each shape's default mask")
-    ap.add_argument("--dtype", choices=sorted(DTYPES), default="float16")
+                    help="override each shape's default mask (both: one row per mask)")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="float16",
+                    help="element type of q, k, v (fp16 = float16, bf16 = bfloat16)")
     ap.add_argument("--rounds", type=_positive_int, default=DEFAULT_ROUNDS,
                     help="interleaved timing rounds per shape, each in its own shuffled order "
                          f"(default {DEFAULT_ROUNDS}; a row is the median of its rounds. A round "
                          "costs about 0.3 s per implementation against tens of seconds of "
                          "compiling per shape, and more rounds narrow the median a parity call "
                          "is read off)")
-    ap.add_argument("--json", type=Path, help="write the rows as JSON here")
-    ap.add_argument("--plot", type=Path, help="write a TFLOPS-vs-seqlen PNG here")
+    ap.add_argument("--json", type=Path,
+                    help="write the rows as JSON here (without a GPU: the static report)")
+    ap.add_argument("--plot", type=Path,
+                    help="write a TFLOPS-vs-seqlen PNG here (needs a GPU and matplotlib: "
+                         "pip install -e '.[plot]')")
     if extra:
         extra(ap)
     args = ap.parse_args(argv)
@@ -344,24 +372,44 @@ def parse_args(argv, default_shapes: list[str], extra: Callable | None = None):
 
 def main(kernels: list[str], default_shapes: list[str], argv=None) -> list[Row]:
     """Entry point of every ``bench/*.py``: the lab kernels to measure and the default shapes."""
-    args = parse_args(argv, default_shapes)
-    return run(kernels, args)
+    from ws_lab import cli
+
+    return cli.main(lambda a: run(kernels, parse_args(a, default_shapes)), argv)
+
+
+def _refuse_unsupported(kernels: list[str], cases: list[shapes.Shape]) -> None:
+    """A case none of ``kernels`` runs is a user mistake: refused before anything is timed."""
+    from ws_lab import cli
+
+    for shape in cases:
+        if not any(registry.get(k).supports(shape) for k in kernels):
+            raise cli.unsupported(" / ".join(kernels), shape,
+                                  [s for s in shapes.SHAPES.values()
+                                   if any(registry.get(k).supports(s) for k in kernels)])
+
+
+def needs_gpu(option: str):
+    from ws_lab import cli
+
+    return cli.UsageError(f"{option} needs timings, and there is no CUDA device here")
 
 
 def run(kernels: list[str], args) -> list[Row]:
     import torch
 
+    _refuse_unsupported(kernels, args.cases)
     if not torch.cuda.is_available():
-        static_report(kernels, args.cases)
+        if args.plot:
+            raise needs_gpu("--plot")
+        records = static_report(kernels, args.cases)
+        if args.json:
+            args.json.write_text(json.dumps({"device": None, "static_report": records}, indent=1))
         return []
     impls = implementations(kernels)
     order = kernels + [p for p in PEERS if p not in kernels]
     impls = {name: impls[name] for name in order}
     rows = []
     for shape in args.cases:
-        if not any(registry.get(k).supports(shape) for k in kernels):
-            print(f"skipping {shape.name}: none of {kernels} supports it", file=sys.stderr)
-            continue
         rows += measure(shape, impls, set(kernels) | {"pipelined"}, args.rounds)
     device = torch.cuda.get_device_name()
     print(f"\n{device}, torch {torch.__version__}; ×peer = peer ms / row ms\n")

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ws_lab import oracle
+from ws_lab import oracle, registry
 from ws_lab.paged_cases import make_paged
 
 
@@ -35,6 +35,7 @@ class PagedResult:
     row: PagedRow
     us: dict = field(default_factory=dict)  # impl -> µs (None: failed)
     errors: dict = field(default_factory=dict)  # mode -> rel-L2 vs oracle
+    peer_errors: dict = field(default_factory=dict)  # peer -> rel-L2 vs oracle
     notes: dict = field(default_factory=dict)
     copy_gbps: float = 0.0
 
@@ -84,7 +85,7 @@ def rotation(row: PagedRow) -> int:
 def measure_row(row: PagedRow, modes, copy_gbps, with_peers=True, config=None) -> PagedResult:
     """Checks each mode against the oracle on the first input set, then times every
     implementation rotating over ``rotation(row)`` sets (same block tables, own K/V and q)."""
-    from kernels import paged
+    paged = registry.decode("paged")
 
     launch = {} if config is None else {"config": config}
 
@@ -106,14 +107,20 @@ def measure_row(row: PagedRow, modes, copy_gbps, with_peers=True, config=None) -
     res.notes["auto"] = paged.choose_mode(row.batch, row.heads, row.kv_heads,
                                           table.shape[1] * row.block_size, paged._sm_count(q.device))
     if with_peers:
-        _measure_peers(res, sets, table, lens)
+        _measure_peers(res, sets, table, lens, ref)
     res.us["floor"] = row.kv_bytes() / (copy_gbps * 1e9) * 1e6
     del sets
     torch.cuda.empty_cache()
     return res
 
 
-def _measure_peers(res, sets, table, lens):
+def _note(exc) -> str:
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:80] if str(exc) else ''}"
+
+
+def _measure_peers(res, sets, table, lens, ref):
+    """SDPA on contiguous copies of the same K/V, TileOPs' and FA-CuTe's paged ops on the same
+    cache and table; each checked against the oracle on the first set, then timed."""
     import torch.nn.functional as F
 
     row = res.row
@@ -125,28 +132,49 @@ def _measure_peers(res, sets, table, lens):
 
     try:
         dense = [(q[:, :, None, :], contiguous(kc), contiguous(vc)) for q, kc, vc in sets]
-        res.us["sdpa"] = _time_us([lambda d=d: F.scaled_dot_product_attention(
-            *d, enable_gqa=row.heads != row.kv_heads) for d in dense])
-        del dense
+        sdpa = [lambda d=d: F.scaled_dot_product_attention(
+            *d, enable_gqa=row.heads != row.kv_heads) for d in dense]
+        res.peer_errors["sdpa"] = oracle.rel_l2(sdpa[0]()[:, :, 0], ref)
+        res.us["sdpa"] = _time_us(sdpa)
+        del dense, sdpa
     except RuntimeError as exc:
-        res.notes["sdpa"] = str(exc).splitlines()[0][:80]
-    try:
-        from tileops.attention import GQAPagedFwdOp
+        res.notes["sdpa"] = _note(exc)
+    for name, make in (("tileops", _tileops_calls), ("fa-cute", _fa_cute_calls)):
+        try:
+            calls = make(sets, table, lens)
+            res.peer_errors[name] = oracle.rel_l2(calls[0](), ref)
+            res.us[name] = _time_us(calls)
+        except Exception as exc:  # absent or refusing: n/a
+            res.notes[name] = _note(exc)
 
-        op = GQAPagedFwdOp()
-        q = sets[0][0]
-        cu = torch.arange(row.batch + 1, dtype=torch.int32, device=q.device)
-        op(q, sets[0][1], sets[0][2], table, lens, cu)
-        res.us["tileops"] = _time_us([lambda s=s: op(s[0], s[1], s[2], table, lens, cu)
-                                      for s in sets])
-    except Exception as exc:  # absent or refusing: n/a
-        res.notes["tileops"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:80] if str(exc) else ''}"
+
+def _tileops_calls(sets, table, lens):
+    from tileops.attention import GQAPagedFwdOp
+
+    op = GQAPagedFwdOp()
+    cu = torch.arange(len(lens) + 1, dtype=torch.int32, device=lens.device)
+    return [lambda s=s: op(s[0], s[1], s[2], table, lens, cu) for s in sets]
+
+
+def _fa_cute_calls(sets, table, lens):
+    """FlashAttention's CuTe-DSL forward over the paged cache (page_table + seqused_k). On
+    sm_90 it has no split-KV, so it runs with num_splits=1: one CTA per (sequence, head
+    group) walks the whole context."""
+    from flash_attn.cute import flash_attn_varlen_func
+
+    def call(q, kc, vc):
+        out = flash_attn_varlen_func(q[:, None], kc, vc, page_table=table, seqused_k=lens,
+                                     num_splits=1)
+        return (out[0] if isinstance(out, tuple) else out)[:, 0]
+
+    return [lambda s=s: call(*s) for s in sets]
 
 
 def table(results, modes) -> str:
-    cols = list(modes) + ["sdpa", "tileops", "floor"]
+    cols = list(modes) + ["sdpa", "tileops", "fa-cute", "floor"]
     head = (["row", "B", "Hq/Hkv", "ctx", "KV MB", "sets"] + [f"{c} µs" for c in cols]
-            + ["auto picks", "auto GB/s", "auto % copy", "auto ×SDPA", "max rel-err"])
+            + ["auto picks", "auto GB/s", "auto % copy", "auto ×SDPA", "max rel-err",
+               "peers' max rel-err"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         auto = r.us.get("auto")
@@ -158,15 +186,18 @@ def table(results, modes) -> str:
         cells += [r.notes.get("auto", ""), "n/a" if gbps is None else f"{gbps:.0f}",
                   "n/a" if gbps is None else f"{100 * gbps / r.copy_gbps:.0f}",
                   "n/a" if not (auto and sdpa) else f"{sdpa / auto:.2f}",
-                  f"{max(r.errors.values()):.1e}" if r.errors else "n/a"]
+                  f"{max(r.errors.values()):.1e}" if r.errors else "n/a",
+                  f"{max(r.peer_errors.values()):.1e}" if r.peer_errors else "n/a"]
         lines.append("| " + " | ".join(cells) + " |")
-    notes = [f"- {r.row.name}: {k}: {v}" for r in results for k, v in r.notes.items() if k not in ("auto", "sets")]
+    notes = [f"- {r.row.name}: {k}: {v}" for r in results for k, v in r.notes.items()
+             if k not in ("auto", "sets")]
+    notes.append("- fa-cute: FlashAttention's CuTe-DSL forward, num_splits=1 (no split-KV on sm_90)")
     return "\n".join(lines + ([""] + notes if notes else []))
 
 
 def within(results, tolerance=0.05) -> tuple[int, int]:
     """How many rows have auto within ``tolerance`` of the best single mode."""
-    from kernels import paged
+    paged = registry.decode("paged")
 
     hits = 0
     for r in results:
@@ -186,7 +217,7 @@ def sweep_rows() -> list[PagedRow]:
 
 def rule_table(results) -> str:
     """Per sweep row: the features the auto rule may use and each mode's time."""
-    from kernels import paged
+    paged = registry.decode("paged")
 
     lines = ["| B | Hq/Hkv | ctx | B·Hkv | v1 µs | gqa µs | split_k µs | best | auto |",
              "|---|---|---|---|---|---|---|---|---|"]

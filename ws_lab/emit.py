@@ -1,6 +1,6 @@
 """Emit / inspect a lab kernel without a GPU.
 
-    python -m ws_lab.emit KERNEL --shape NAME [--causal] [--dtype bf16] [--out DIR]
+    python -m ws_lab.emit KERNEL [--shape NAME] [--causal] [--dtype fp16|bf16] [--out DIR] [--postproc]
 
 Lowers the kernel for sm_90a, writes the raw CUDA, the post-processed CUDA and their diff,
 compiles a cubin with this machine's nvcc and prints the SASS summary (HGMMA shapes,
@@ -16,7 +16,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ws_lab import registry, sass, shapes
+from ws_lab import cli, registry, sass, shapes
 from ws_lab.target import SM90A
 
 
@@ -46,7 +46,7 @@ def lower(kernel_name: str, shape: shapes.Shape, run_postproc: bool | None = Non
     """Emitted CUDA of a lab kernel, post-processed as it runs: by the passes the kernel
     compiles under (``Kernel.postproc_passes``); ``run_postproc`` True: every pass of
     ``postproc``, False: none."""
-    from postproc import PASSES
+    from ws_lab.postproc import PASSES
 
     kernel = registry.get(kernel_name)
     passes = {None: kernel.postproc_passes, True: PASSES, False: ()}[run_postproc]
@@ -55,7 +55,7 @@ def lower(kernel_name: str, shape: shapes.Shape, run_postproc: bool | None = Non
 
 def lower_variant(name: str, shape: shapes.Shape, func, pass_configs, passes=()) -> Emitted:
     """Emitted CUDA of any prim_func (e.g. an ablation of a lab kernel), through ``passes``."""
-    from postproc import postprocess
+    from ws_lab.postproc import postprocess
 
     art = lower_prim_func(func, pass_configs)
     attrs = next(f.attrs for _, f in art.device_mod.functions.items() if "thread_extent" in f.attrs)
@@ -113,9 +113,19 @@ def inspect(emitted: Emitted, out_dir: Path) -> sass.SassSummary:
 
 def report(kernel_name: str, shape: shapes.Shape, out_dir: Path | None = None,
            run_postproc: bool | None = None) -> str:
-    """Lowers, compiles and summarizes one kernel on one shape; returns the printable report."""
-    emitted = lower(kernel_name, shape, run_postproc)
-    with tempfile.TemporaryDirectory() as tmp:
+    """Lowers, compiles and summarizes one kernel on one shape; returns the printable report.
+    A Triton kernel gets its sm_90 static report (Triton's own compiler, then the same SASS
+    summary); it has no TileLang source and no post-processor."""
+    kernel = registry.get(kernel_name)
+    if kernel.static_specs:
+        from ws_lab import triton_static
+
+        with cli.status(f"compiling {kernel_name} on {shape.name} for sm_90 (Triton)"):
+            return "\n\n".join(f"{kernel_name} on {shape.name}: " + triton_static.report(spec, out_dir)
+                               for spec in kernel.static_specs(shape))
+    with cli.status(f"lowering {kernel_name} on {shape.name} for sm_90a"):
+        emitted = lower(kernel_name, shape, run_postproc)
+    with tempfile.TemporaryDirectory() as tmp, cli.status(f"compiling {kernel_name} with nvcc"):
         summary = inspect(emitted, Path(out_dir or tmp))
     head = (f"{kernel_name} on {shape.name} ({'causal' if shape.causal else 'non-causal'}, "
             f"{shape.dtype}): {emitted.threads} threads, {len(emitted.source.splitlines())} lines "
@@ -127,25 +137,62 @@ def report(kernel_name: str, shape: shapes.Shape, out_dir: Path | None = None,
     return "\n".join([head, *rewrites] + ([diff.rstrip()] if diff else []) + [summary.format()])
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m ws_lab.emit", description=__doc__.splitlines()[0])
-    ap.add_argument("kernel", choices=sorted(registry.KERNELS))
-    ap.add_argument("--shape", default="llama8b-4k", choices=sorted(shapes.SHAPES))
+DEFAULT_SHAPE = "llama8b-4k"  # where the kernel supports it; else its first registered shape
+
+
+def _parser():
+    from ws_lab.bench import DTYPES
+
+    ap = cli.ArgumentParser(prog="python -m ws_lab.emit", description=__doc__.splitlines()[0])
+    ap.add_argument("kernel", choices=sorted(registry.KERNELS), help="a registered kernel")
+    ap.add_argument("--shape", choices=sorted(shapes.SHAPES),
+                    help=f"a registered shape (default: {DEFAULT_SHAPE} where the kernel "
+                         "supports it, else the first registered shape it supports)")
     ap.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None,
                     help="override the shape's default mask")
-    ap.add_argument("--dtype", choices=["float16", "bfloat16"], default="float16")
-    ap.add_argument("--out", type=Path, default=None, help="keep .cu/.post.cu/.diff/.cubin/.sass here")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="float16",
+                    help="element type of q, k, v (fp16 = float16, bf16 = bfloat16)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="a directory to keep .cu/.post.cu/.diff/.cubin/.sass in (created)")
     ap.add_argument("--postproc", action=argparse.BooleanOptionalAction, default=None,
-                    help="run the CUDA post-processor (default: only for kernels compiled with it)")
-    args = ap.parse_args(argv)
-    shape = shapes.get(args.shape).with_dtype(args.dtype)
-    if args.causal is not None:
-        shape = shape.with_mask(args.causal)
-    if not registry.get(args.kernel).supports(shape):
-        ap.error(f"{args.kernel} does not support {shape}")
+                    help="run every CUDA post-processor pass (--no-postproc: none; default: the "
+                         "passes the kernel compiles under); each rewrite names its pass")
+    return ap
+
+
+def shape_for(kernel: str, shape_name: str | None, dtype: str = "float16",
+              causal: bool | None = None) -> shapes.Shape:
+    """The case ``emit`` lowers: the named shape, or the kernel's default (``DEFAULT_SHAPE``
+    where it runs it, else its first registered shape); refuses a shape the kernel does not
+    run with a ``UsageError`` naming what it runs."""
+    from ws_lab.bench import DTYPES
+
+    supported = registry.supported_shapes(kernel)
+    if shape_name is None:
+        if not supported:
+            raise cli.UsageError(f"{kernel} supports no registered shape")
+        shape_name = next((s.name for s in supported if s.name == DEFAULT_SHAPE), supported[0].name)
+    shape = shapes.get(shape_name).with_dtype(DTYPES[dtype])
+    if causal is not None:
+        shape = shape.with_mask(causal)
+    if not registry.get(kernel).supports(shape):
+        raise cli.unsupported(kernel, shape, supported)
+    return shape
+
+
+def _main(argv):
+    args = _parser().parse_args(argv)
+    shape = shape_for(args.kernel, args.shape, args.dtype, args.causal)
+    if args.postproc is not None and registry.get(args.kernel).static_specs:
+        raise cli.UsageError(f"--postproc rewrites TileLang's CUDA; {args.kernel} is a Triton kernel")
+    cli.out_dir(args.out)
     print(report(args.kernel, shape, args.out, args.postproc))
     if args.out:
         print(f"files in {args.out}")
+
+
+def main(argv=None):
+    cli.main(_main, argv, "python -m ws_lab.emit")
 
 
 if __name__ == "__main__":

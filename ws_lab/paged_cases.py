@@ -1,12 +1,12 @@
-"""Random paged-KV problems (blocks scattered through the pool) and their check, shared by the
-interpreter tests, the GPU tests and bench/paged.py."""
+"""Random paged-KV problems (each sequence's own blocks, scattered through the pool) and their
+check, shared by the interpreter tests, the GPU tests and bench/paged.py."""
 import dataclasses
 import functools
 import secrets
 
 import torch
 
-from ws_lab import oracle
+from ws_lab import oracle, registry
 
 # rel-L2 vs the float64 oracle per dtype (bf16 also meets vLLM's atol 1.5e-2 / rtol 1e-2).
 PAGED_TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.2e-2}
@@ -14,23 +14,29 @@ PAGED_TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.2
 
 def make_paged(batch, heads, kv_heads, head_dim, block_size, context_lens, dtype, device,
                num_blocks=None, seed=None):
-    """q, k_cache, v_cache, block_table, context_lens with each sequence's blocks drawn at random
-    (without repeats) from a pool of ``num_blocks``; returns them and the seed."""
+    """q, k_cache, v_cache, block_table, context_lens; returns them and the seed.
+
+    As a block allocator hands them out: every physical block belongs to one sequence (no block
+    in two rows of the table), the pool's order shuffled, so each sequence's blocks lie scattered
+    through a pool of ``num_blocks`` (default: the table's blocks + 7 unused). A table whose
+    rows shared blocks would let a paged kernel read fewer distinct bytes than a contiguous
+    copy of the same K/V holds, and the L2 serve the repeats (NOTES.md, paged, session 15)."""
     seed = secrets.randbits(31) if seed is None else seed
     # Drawn on the target device: a 32768-block pool is ~10^9 numbers, minutes on a CPU.
     gen = torch.Generator(device=device).manual_seed(seed)
     max_blocks = max(-(-c // block_size) for c in context_lens)
     num_blocks = num_blocks or batch * max_blocks + 7
-    if num_blocks < max_blocks:
-        raise ValueError(f"pool of {num_blocks} blocks cannot hold {max_blocks} per sequence")
+    if num_blocks < batch * max_blocks:
+        raise ValueError(f"pool of {num_blocks} blocks cannot give {batch} sequences "
+                         f"{max_blocks} blocks each without sharing")
 
     def randn(*shape):
         return torch.randn(*shape, generator=gen, device=device).to(dtype)
 
     k_cache = randn(num_blocks, block_size, kv_heads, head_dim)
     v_cache = randn(num_blocks, block_size, kv_heads, head_dim)
-    table = torch.stack([torch.randperm(num_blocks, generator=gen, device=device)[:max_blocks]
-                         for _ in range(batch)]).to(torch.int32)
+    pool = torch.randperm(num_blocks, generator=gen, device=device)
+    table = pool[:batch * max_blocks].view(batch, max_blocks).to(torch.int32)
     lens = torch.tensor(context_lens, dtype=torch.int32, device=device)
     q = randn(batch, heads, head_dim)
     return (q, k_cache, v_cache, table, lens), seed
@@ -50,8 +56,7 @@ def variants() -> dict:
     """Every path of ``kernels.paged`` the tests cover, name -> paged_attention partial: each
     mode with its defaults, and split_k forced onto each merge (the reduce kernel; the last
     segment program)."""
-    from kernels import paged
-
+    paged = registry.decode("paged")
     split = paged.DEFAULTS["split_k"]
     forced = {"split_k-reduce": dataclasses.replace(split, merge_partials=0),
               "split_k-merge": dataclasses.replace(split, merge_partials=1 << 30)}

@@ -23,6 +23,10 @@ class Kernel:
     def _mod(self):
         return importlib.import_module(self.module)
 
+    def module_object(self):
+        """The kernel family's module (for family-specific tools such as a config sweep)."""
+        return self._mod()
+
     @property
     def attention(self) -> Callable:
         return functools.partial(self._mod().attention, **dict(self.options))
@@ -57,14 +61,14 @@ def _register(name: str, module: str, **options) -> None:
     KERNELS[name] = Kernel(name, module, tuple(sorted(options.items())))
 
 
-_register("pipelined", "kernels.pipelined")
-_register("coop", "kernels.coop", pingpong=True)
-_register("coop-nopp", "kernels.coop", pingpong=False)
-_register("coop-overlap", "kernels.coop_overlap", pingpong=True)
-_register("coop-overlap-nopp", "kernels.coop_overlap", pingpong=False)
-_register("coop-overlap-persistent", "kernels.coop_overlap", pingpong=True, persistent=True)
-_register("largehdv", "kernels.largehdv")
-_register("triton-mha", "kernels.triton_mha")
+_register("pipelined", "ws_lab.kernels.pipelined")
+_register("coop", "ws_lab.kernels.coop", pingpong=True)
+_register("coop-nopp", "ws_lab.kernels.coop", pingpong=False)
+_register("coop-overlap", "ws_lab.kernels.coop_overlap", pingpong=True)
+_register("coop-overlap-nopp", "ws_lab.kernels.coop_overlap", pingpong=False)
+_register("coop-overlap-persistent", "ws_lab.kernels.coop_overlap", pingpong=True, persistent=True)
+_register("largehdv", "ws_lab.kernels.largehdv")
+_register("triton-mha", "ws_lab.kernels.triton_mha")
 
 
 def get(name: str) -> Kernel:
@@ -72,3 +76,23 @@ def get(name: str) -> Kernel:
         return KERNELS[name]
     except KeyError:
         raise ValueError(f"unknown kernel {name!r}; registered: {', '.join(KERNELS)}") from None
+
+
+def supported_shapes(name: str) -> list[Shape]:
+    """The registered shapes the kernel runs (what a refusal names)."""
+    from ws_lab import shapes
+
+    return [s for s in shapes.SHAPES.values() if get(name).supports(s)]
+
+
+# Decode families: their own call signature (paged / static KV caches), so they are not
+# ``Kernel``s; the harness reaches them through ``decode(name)``, never by module path.
+DECODE: dict[str, str] = {"paged": "ws_lab.kernels.paged"}
+
+
+def decode(name: str):
+    """The module of a decode kernel family (``paged_attention``, ``MODES``, ``static_specs``…)."""
+    try:
+        return importlib.import_module(DECODE[name])
+    except KeyError:
+        raise ValueError(f"unknown decode family {name!r}; registered: {', '.join(DECODE)}") from None

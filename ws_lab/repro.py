@@ -7,7 +7,6 @@ The bundle holds the versions, the GPU (if any), the minimal kernel's source, th
 excerpt that shows the behaviour, expected vs actual (with what the kernel computes when a GPU
 is present and the pin can run), and the lab's workaround.
 """
-import argparse
 import importlib
 import inspect
 import pkgutil
@@ -18,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ws_lab import upstream
+from ws_lab import cli, upstream
 
 
 _EXCERPT = r"buf_dyn_shmem \+|__syncthreads|wgmma|fence_operand|fence_proxy_async|warpgroup_arrive"
@@ -88,20 +87,30 @@ Related: {mod.UPSTREAM}
 """
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m ws_lab.repro", description=__doc__.splitlines()[0])
-    ap.add_argument("name", nargs="?")
-    ap.add_argument("--out", type=Path)
+def _main(argv):
+    ap = cli.ArgumentParser(prog="python -m ws_lab.repro", description=__doc__.splitlines()[0])
+    ap.add_argument("name", nargs="?",
+                    help="a pinned behaviour (without it: list them); known: " + ", ".join(names()))
+    ap.add_argument("--out", type=Path,
+                    help="write the bundle to this file instead of standard output")
     args = ap.parse_args(argv)
     if not args.name:
         print("\n".join(names()))
         return
+    if args.name not in names():
+        raise cli.UsageError(f"unknown repro {args.name!r}; known: {', '.join(names())}")
+    if args.out is not None and args.out.is_dir():
+        raise cli.UsageError(f"--out {args.out} is a directory; give a file path")
     text = bundle(args.name)
     if args.out:
         args.out.write_text(text)
         print(f"wrote {args.out}")
     else:
         sys.stdout.write(text)
+
+
+def main(argv=None):
+    cli.main(_main, argv, "python -m ws_lab.repro")
 
 
 if __name__ == "__main__":

@@ -52,17 +52,24 @@ class SassSummary:
     def spill_bytes(self) -> int:
         return (self.spill_stores or 0) + (self.spill_loads or 0)
 
-    def format(self) -> str:
+    def format(self, only_known: bool = False) -> str:
+        """The printable summary. ``only_known`` leaves out what the source of the summary did
+        not report (a Triton cubin has no ptxas spill report) and empty sequences (no
+        setmaxnreg, no WARPGROUP syncs): a field that does not apply is not printed."""
         lines = ["SASS summary"]
         lines.append("  HGMMA: " + (", ".join(f"{s} x{n}" for s, n in sorted(self.hgmma.items()))
                                     or "none"))
-        lines.append("  USETMAXREG: " + (", ".join(self.setmaxnreg) or "none"))
+        if self.setmaxnreg or not only_known:
+            lines.append("  USETMAXREG: " + (", ".join(self.setmaxnreg) or "none"))
         lines.append("  " + ", ".join(f"{k} {self.counts[k]}" for k in
                                       COUNTED))
-        lines.append(f"  registers {self.registers}, spill stores {self.spill_stores} B, "
-                     f"spill loads {self.spill_loads} B, stack {self.stack_frame} B, "
-                     f"dynamic smem {self.dyn_smem} B")
-        lines.append("  WARPGROUP order: " + " ".join(_run_length(self.warpgroup_sync)))
+        resources = [("registers", self.registers, ""), ("spill stores", self.spill_stores, " B"),
+                     ("spill loads", self.spill_loads, " B"), ("stack", self.stack_frame, " B"),
+                     ("dynamic smem", self.dyn_smem, " B")]
+        lines.append("  " + ", ".join(f"{name} {value}{unit}" for name, value, unit in resources
+                                      if value is not None or not only_known))
+        if self.warpgroup_sync or not only_known:
+            lines.append("  WARPGROUP order: " + " ".join(_run_length(self.warpgroup_sync)))
         if self.ex2_between_waits:
             lines.append("  MUFU.EX2 between DEPBAR.LE 1 and DEPBAR.LE 0: "
                          + ", ".join(map(str, self.ex2_between_waits)))

@@ -29,11 +29,19 @@ def compile_sm90(spec: StaticSpec):
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=spec.options)
 
 
-def report(spec: StaticSpec) -> str:
+def report(spec: StaticSpec, out_dir: Path | None = None) -> str:
+    """The spec's SASS summary (only the fields a Triton kernel has); ``out_dir`` keeps its
+    .cubin and .sass."""
     compiled = compile_sm90(spec)
     with tempfile.TemporaryDirectory() as tmp:
-        cubin = Path(tmp) / f"{spec.name}.cubin"
+        where = Path(out_dir or tmp)
+        where.mkdir(parents=True, exist_ok=True)
+        stem = spec.name.replace(" ", "_")
+        cubin = where / f"{stem}.cubin"
         cubin.write_bytes(compiled.asm["cubin"])
-        summary = sass.parse_resource_usage(cubin, sass.summarize_sass(sass.dump_sass(cubin)))
+        sass_text = sass.dump_sass(cubin)
+        (where / f"{stem}.sass").write_text(sass_text)
+        summary = sass.parse_resource_usage(cubin, sass.summarize_sass(sass_text))
     summary.dyn_smem = compiled.metadata.shared
-    return f"{spec.name} (Triton, sm_90, {spec.options}, {spec.constexprs})\n{summary.format()}"
+    return (f"{spec.name} (Triton, sm_90, {spec.options}, {spec.constexprs})\n"
+            f"{summary.format(only_known=True)}")

@@ -14,7 +14,7 @@ def main():
     assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
     import torch
 
-    from kernels import paged, triton_mha
+    from ws_lab.kernels import paged, triton_mha
     from ws_lab import oracle
     from ws_lab.paged_cases import check_paged, variants
 

@@ -5,8 +5,8 @@ import shutil
 
 import pytest
 
-from kernels import largehdv
-from kernels.coop import NamedBarrier
+from ws_lab.kernels import largehdv
+from ws_lab.kernels.coop import NamedBarrier
 from ws_lab import emit, sass, shapes
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")

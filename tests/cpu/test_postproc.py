@@ -5,8 +5,8 @@ import shutil
 
 import pytest
 
-import postproc
-from postproc import PostprocError, postprocess
+from ws_lab import postproc
+from ws_lab.postproc import PostprocError, postprocess
 from ws_lab import emit, shapes
 
 F_S = "tl::warpgroup_fence_operand(reinterpret_cast<float*>(acc_s + 0), 64);"
@@ -82,7 +82,7 @@ def test_scoped_hook_rewrites_and_restores():
     import tilelang
     import tvm_ffi
 
-    from kernels import coop
+    from ws_lab.kernels import coop
 
     assert tvm_ffi.get_global_func(postproc.HOOK, allow_missing=True) is None
     seen = []

@@ -6,8 +6,8 @@ import shutil
 
 import pytest
 
-from kernels import coop, coop_overlap
-from postproc import PostprocError, drop_anchor_fences
+from ws_lab.kernels import coop, coop_overlap
+from ws_lab.postproc import PostprocError, drop_anchor_fences
 from ws_lab import emit, sass, shapes
 
 DECLS = """extern "C" __global__ void __launch_bounds__(384, 1) main_kernel(int x) {
@@ -91,7 +91,7 @@ def test_parallel_blocks_each_run_their_own_passes():
 
     import tvm_ffi
 
-    import postproc
+    from ws_lab import postproc
     from ws_lab.upstream import lower_sm90a
 
     func = coop_overlap.prim_func_for(shapes.get("llama8b-4k"))

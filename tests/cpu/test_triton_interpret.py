@@ -68,7 +68,7 @@ BAD_PAGED = [
 
 @pytest.mark.parametrize("changes,exc,message", [c[1:] for c in BAD_PAGED], ids=[c[0] for c in BAD_PAGED])
 def test_paged_refuses_bad_input(changes, exc, message):
-    from kernels import paged
+    from ws_lab.kernels import paged
 
     args = _paged_inputs(**{k: v for k, v in changes.items() if k not in ("mode", "softmax_scale")})
     kwargs = {k: v for k, v in changes.items() if k in ("mode", "softmax_scale")}
@@ -77,7 +77,7 @@ def test_paged_refuses_bad_input(changes, exc, message):
 
 
 def test_llama_block_compiles_without_graph_break():
-    from kernels.llama_block import LlamaAttention
+    from ws_lab.kernels.llama_block import LlamaAttention
 
     block = LlamaAttention(hidden=256, heads=4, kv_heads=2).to("meta")
     graphs = []
@@ -95,7 +95,7 @@ def test_llama_block_compiles_without_graph_break():
 
 
 def test_launch_plan_depends_on_shapes_only():
-    from kernels import paged
+    from ws_lab.kernels import paged
 
     gqa = paged.DEFAULTS["gqa"]
     assert paged.tile_for(gqa, 128, 2) == 128
@@ -122,7 +122,7 @@ def test_launch_plan_depends_on_shapes_only():
 
 
 def test_static_report_compiles_triton_kernels_for_sm90_without_a_gpu():
-    from kernels import paged, triton_mha
+    from ws_lab.kernels import paged, triton_mha
     from ws_lab import shapes, triton_static
 
     mha = triton_static.report(triton_mha.static_specs(shapes.get("llama8b-4k"))[0])

@@ -76,7 +76,7 @@ def test_cuda_graph_replays_match_oracle(variant):
     and the in-kernel merge's arrival counters are zero again after every replay."""
     import torch
 
-    from kernels import paged
+    from ws_lab.kernels import paged
 
     (q, kc, vc, table, lens), seed = make_paged(8, 64, 8, 128, 16, [2048, 1, 777, 2048, 64,
                                                                   1500, 2047, 33], torch.float16,

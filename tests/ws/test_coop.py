@@ -12,7 +12,7 @@ import functools
 
 import pytest
 
-from kernels import coop, coop_overlap
+from ws_lab.kernels import coop, coop_overlap
 from tests.ws.grid import (assert_bitwise_repeatable, assert_sanitizer_clean, case_id,
                            default_scale, grid, precompile)
 from ws_lab.check import check_attention, random_qkv
@@ -90,7 +90,7 @@ def test_coop_is_bitwise_repeatable(entry, causal):
 SANITIZED = """
 import functools
 import torch
-from kernels import coop, coop_overlap
+from ws_lab.kernels import coop, coop_overlap
 from ws_lab.check import check_attention
 r = check_attention({entry}, 1, 300, 4, 2, 64, 64, True, torch.float16)
 assert r.ok, r

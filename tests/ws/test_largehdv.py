@@ -7,7 +7,7 @@ and memcheck find nothing.
 """
 import pytest
 
-from kernels import largehdv
+from ws_lab.kernels import largehdv
 from tests.ws.grid import (assert_bitwise_repeatable, assert_sanitizer_clean, case_id,
                            default_scale, grid, precompile)
 from ws_lab.check import check_attention, random_qkv
@@ -48,7 +48,7 @@ def test_largehdv_is_bitwise_repeatable(causal):
 
 SANITIZED = """
 import torch
-from kernels import largehdv
+from ws_lab.kernels import largehdv
 from ws_lab.check import check_attention
 r = check_attention(largehdv.attention, 1, 300, 4, 2, 64, 512, True, torch.float16)
 assert r.ok, r

@@ -6,7 +6,7 @@ draws fresh random inputs and writes into a NaN-poisoned output.
 """
 import pytest
 
-from kernels import pipelined
+from ws_lab.kernels import pipelined
 from tests.ws.grid import case_id, default_scale, grid, precompile
 from ws_lab.check import check_attention
 

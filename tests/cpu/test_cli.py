@@ -1,0 +1,225 @@
+"""The lab as a newcomer meets it on a CPU machine: every user mistake is one line on stderr and
+exit code 2 (no traceback), options that need a GPU are refused or do what they can, Triton
+kernels get a static report, the bench scripts import the checkout they run from, and the
+installed distribution holds one import package."""
+import ast
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from ws_lab import cli, emit, sass, shapes
+from ws_lab.postproc import postprocess
+
+ROOT = Path(__file__).resolve().parents[2]
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+
+
+def _no_gpu():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: these options measure instead")
+
+
+def _run(*argv, cwd=ROOT, env=None):
+    return subprocess.run([sys.executable, *argv], cwd=cwd, capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
+def _assert_usage_error(done, *phrases):
+    """Exit code 2, one line on stderr naming the problem, nothing that looks like a traceback."""
+    assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "error: " in lines[0] and "Traceback" not in done.stderr
+    for phrase in phrases:
+        assert phrase in lines[0], (phrase, lines[0])
+
+
+@pytest.mark.parametrize("argv,phrases", [
+    (["-m", "ws_lab.emit", "no-such-kernel"], ["invalid choice: 'no-such-kernel'"]),
+    (["-m", "ws_lab.emit", "pipelined", "--shape", "no-such-shape"], ["no-such-shape"]),
+    (["-m", "ws_lab.emit", "largehdv", "--shape", "llama8b-4k"],
+     ["largehdv does not support llama8b-4k (D 128, Dv 128)", "largehdv-2k (D 64, Dv 512)"]),
+    (["-m", "ws_lab.emit", "pipelined", "--dtype", "fp8"], ["--dtype"]),
+    (["-m", "ws_lab.emit", "triton-mha", "--postproc"], ["triton-mha is a Triton kernel"]),
+    (["-m", "ws_lab.repro", "no_such_pin"], ["unknown repro 'no_such_pin'", "stripe_fragment_layout"]),
+    (["bench/coop.py", "--shape", "largehdv-2k"], ["does not support largehdv-2k", "llama8b-4k"]),
+    (["bench/coop.py", "--rounds", "0"], ["--rounds", "must be >= 1"]),
+    (["bench/coop.py", "--rounds", "many"], ["not an integer"]),
+    (["bench/paged.py", "--block-size", "12"], ["--block-size must be a power of two"]),
+    (["bench/paged.py", "--config", "1,2"], ["--config takes 4 to 6"]),
+], ids=lambda v: " ".join(v) if isinstance(v, list) and v and v[0] != "no" else None)
+def test_user_mistakes_are_one_line_and_exit_2(argv, phrases):
+    _assert_usage_error(_run(*argv), *phrases)
+
+
+def test_out_that_is_a_file_is_refused(tmp_path):
+    target = tmp_path / "a-file"
+    target.write_text("")
+    _assert_usage_error(_run("-m", "ws_lab.emit", "pipelined", "--out", str(target)),
+                        f"--out {target} is a file")
+    _assert_usage_error(_run("-m", "ws_lab.repro", "stripe_fragment_layout", "--out",
+                             str(tmp_path)), "is a directory")
+
+
+@pytest.mark.parametrize("argv,option", [
+    (["bench/pipelined.py", "--tune"], "--tune"),
+    (["bench/largehdv.py", "--plot", "out.png"], "--plot"),
+    (["bench/paged.py", "--sweep"], "--sweep"),
+    (["bench/paged.py", "--tune"], "--tune"),
+    (["bench/paged.py", "--config", "64,4,2,4"], "--config"),
+])
+def test_gpu_only_options_are_refused_without_a_gpu(argv, option):
+    _no_gpu()
+    _assert_usage_error(_run(*argv), f"{option} needs timings", "no CUDA device")
+
+
+def _described_options(help_text: str) -> dict:
+    """--help's options section as {option: its help text}: an option's block runs from its
+    line to the next option's; its help is what follows the option and its metavar (on the
+    same line after two spaces, or on the lines below)."""
+    section = help_text.split("options:", 1)[1]
+    described = {}
+    for block in filter(str.strip, re.split(r"\n  (?=-)", "\n" + section)):
+        head, _, rest = block.strip().partition("\n")
+        option_part, _, inline = head.partition("  ")
+        described[option_part.split()[0].rstrip(",")] = f"{inline} {rest}".strip()
+    return described
+
+
+@pytest.mark.parametrize("argv", [["bench/coop.py"], ["bench/pipelined.py"], ["bench/paged.py"],
+                                  ["-m", "ws_lab.emit"], ["-m", "ws_lab.repro"]],
+                         ids=lambda v: " ".join(v))
+def test_help_describes_every_argument(argv):
+    done = _run(*argv, "--help")
+    assert done.returncode == 0, done.stderr
+    described = _described_options(done.stdout)
+    usage = done.stdout.split("\n\n", 1)[0]
+    for option in set(re.findall(r"\[(--[a-z-]+)", usage)) - {"--help"}:
+        assert len(described.get(option, "").split()) >= 3, (option, described.get(option))
+    if "positional arguments:" in done.stdout:
+        positional = done.stdout.split("positional arguments:", 1)[1].split("options:", 1)[0]
+        assert len(positional.split()) >= 4, positional  # the name, then what it is
+
+
+def test_repro_help_describes_its_arguments():
+    done = _run("-m", "ws_lab.repro", "--help")
+    assert done.returncode == 0
+    assert "a pinned behaviour" in done.stdout and "write the bundle to this file" in done.stdout
+
+
+def test_emit_defaults_to_a_shape_the_kernel_runs_and_takes_short_dtypes():
+    assert emit.shape_for("largehdv", None).head_dim_v == 512
+    assert emit.shape_for("pipelined", None).name == "llama8b-4k"
+    assert emit.shape_for("coop", None, "bf16").dtype == "bfloat16"
+    assert emit.shape_for("coop", None, "fp16", causal=False).causal is False
+    with pytest.raises(cli.UsageError, match="largehdv does not support gpt2-d64"):
+        emit.shape_for("largehdv", "gpt2-d64")
+
+
+def test_emit_gives_triton_kernels_their_static_report(tmp_path, capfd):
+    """triton-mha used to crash emit with an AttributeError; now Triton compiles it for sm_90,
+    the report leaves out the fields a Triton cubin does not have, and a status line shows
+    progress while it compiles."""
+    text = emit.report("triton-mha", shapes.get("gpt2-d64"), tmp_path)
+    assert "mha_fwd" in text and "SASS summary" in text and "HGMMA" in text
+    assert "None" not in text and "spill stores" not in text
+    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".cubin", ".cubin", ".sass", ".sass"]
+    err = capfd.readouterr().err
+    assert "compiling triton-mha on gpt2-d64" in err and "done in" in err
+
+
+def test_summary_leaves_out_fields_that_do_not_apply():
+    summary = sass.SassSummary(registers=64, stack_frame=0, dyn_smem=1024)
+    known = summary.format(only_known=True)
+    assert "None" not in known and "USETMAXREG" not in known and "WARPGROUP order" not in known
+    assert "registers 64, stack 0 B, dynamic smem 1024 B" in known
+    assert "spill stores None B" in summary.format()  # the TileLang report keeps every field
+
+
+def test_status_line_reports_progress(capsys):
+    with cli.status("lowering k on s"):
+        pass
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "lowering k on s ..." and err[1].startswith("lowering k on s: done in ")
+
+
+def test_every_rewrite_names_its_pass():
+    from tests.cpu.test_postproc import OVERLAP
+
+    _, report = postprocess(OVERLAP)
+    assert report and all(r.pass_name == "fence_after_wait" for r in report)
+    assert str(report[0]).startswith("[fence_after_wait] main_kernel:")
+
+
+def test_bench_json_without_a_gpu_writes_the_static_report(tmp_path):
+    _no_gpu()
+    out = tmp_path / "mha.json"
+    done = _run("bench/mha.py", "--shape", "gpt2-d64", "--json", str(out))
+    assert done.returncode == 0, done.stderr[-2000:]
+    records = json.loads(out.read_text())["static_report"]
+    assert [r["kernel"] for r in records] == ["triton-mha"]
+    assert "SASS summary" in records[0]["report"]
+
+
+def test_paged_static_report_takes_the_block_size(tmp_path):
+    _no_gpu()
+    out = tmp_path / "paged.json"
+    done = _run("bench/paged.py", "--block-size", "32", "--json", str(out))
+    assert done.returncode == 0, done.stderr[-2000:]
+    records = json.loads(out.read_text())["static_report"]
+    assert records and {r["block_size"] for r in records} == {32}
+    assert "BLOCK_SIZE': 32" in records[0]["report"]
+
+
+def test_bench_scripts_import_the_checkout_they_run_from(tmp_path):
+    """A decoy ``ws_lab`` first on PYTHONPATH (an installed copy from another checkout) must not
+    be the one a bench script imports."""
+    decoy = tmp_path / "ws_lab"
+    decoy.mkdir()
+    (decoy / "__init__.py").write_text("raise ImportError('the decoy ws_lab was imported')\n")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    for script in sorted((ROOT / "bench").glob("*.py")):
+        done = _run(str(script), "--help", cwd=tmp_path, env=env)
+        assert done.returncode == 0, (script.name, done.stderr[-1000:])
+
+
+def test_the_wheel_installs_one_import_package(tmp_path):
+    """No top-level ``kernels`` (Hugging Face's package has that name), ``bench`` or
+    ``postproc``: the families install as ws_lab.kernels and ws_lab.postproc."""
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                           "-q", "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    wheel = zipfile.ZipFile(next(tmp_path.glob("ws_lab-*.whl")))
+    tops = {name.split("/")[0] for name in wheel.namelist()}
+    assert {t for t in tops if not t.endswith(".dist-info")} == {"ws_lab"}
+    top_level = next(n for n in wheel.namelist() if n.endswith("top_level.txt"))
+    assert wheel.read(top_level).decode().split() == ["ws_lab"]
+    names = set(wheel.namelist())
+    assert {"ws_lab/kernels/paged.py", "ws_lab/postproc/fences.py", "ws_lab/upstream/__init__.py"} <= names
+    requires = [line for line in wheel.read(next(n for n in names if n.endswith("METADATA")))
+                .decode().splitlines() if line.startswith("Requires-Dist: matplotlib")]
+    assert requires and all("extra == \"plot\"" in r for r in requires)
+
+
+def test_the_harness_imports_no_kernel_family_by_name():
+    """Harness modules (ws_lab/*.py) reach kernel families through the registry, never by
+    import: a new family adds a registry line, not an import in the runner."""
+    offenders = []
+    for path in sorted((ROOT / "ws_lab").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [f"{node.module}"] if isinstance(node, ast.ImportFrom) and node.module else [])
+            if isinstance(node, ast.ImportFrom) and node.module == "ws_lab":
+                names = [f"ws_lab.{a.name}" for a in node.names]
+            offenders += [f"{path.name}: {n}" for n in names
+                          if n.startswith("ws_lab.kernels") or n.split(".")[0] == "kernels"]
+    assert offenders == []
