@@ -553,7 +553,7 @@ def attention(q, k, v, causal=False, softmax_scale=None, out=None, pingpong: boo
     single CTAs, None picks by ``cluster_for``."""
     dims = validate_attention_inputs(
         q, k, v, supported_head_dims=PERSISTENT_HEAD_DIMS if persistent else HEAD_DIMS, out=out,
-        softmax_scale=softmax_scale)
+        softmax_scale=softmax_scale, causal=causal)
     kernel = compiled_for(dims.batch, dims.seq_len, dims.heads, dims.kv_heads, dims.head_dim,
                           dims.head_dim_v, causal, dims.tl_dtype, dims.softmax_scale, pingpong,
                           mainloop_factory, persistent, cluster, q.device)

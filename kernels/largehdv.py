@@ -233,7 +233,7 @@ def attention(q, k, v, causal=False, softmax_scale=None, out=None):
     """BSHD GQA forward. q (B,S,Hq,64), k (B,S,Hkv,64), v (B,S,Hkv,Dv) fp16/bf16 on CUDA;
     Dv 256 or 512."""
     dims = validate_attention_inputs(q, k, v, supported_head_dims=HEAD_DIMS, out=out,
-                                     softmax_scale=softmax_scale)
+                                     softmax_scale=softmax_scale, causal=causal)
     kernel = compiled(dims.batch, dims.seq_len, dims.heads, dims.kv_heads, dims.head_dim,
                       dims.head_dim_v, bool(causal), dims.tl_dtype, dims.softmax_scale)
     if out is None:

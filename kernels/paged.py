@@ -31,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ws_lab.check import refuse_overlapping_out, require_device, validate_scale
 from ws_lab.kernels import LOG2E
 
 MODES = ("v1", "gqa", "split_k")
@@ -99,6 +100,13 @@ INT32_MAX = 2**31 - 1
 
 
 @triton.jit
+def _context_len(ContextLens, b, max_tokens):
+    """Sequence b's length, clamped to [0, the block table's capacity]: no length makes a
+    program read past its row of the table."""
+    return tl.minimum(tl.maximum(tl.load(ContextLens + b), 0), max_tokens)
+
+
+@triton.jit
 def _token_slots(block_table_row, tokens, n_ctx, BLOCK_SIZE: tl.constexpr, WIDE: tl.constexpr):
     """(physical block, slot, valid) of each token; tokens >= n_ctx read block 0 and are masked.
     WIDE: element offsets into the cache need 64 bits (else 32-bit offset tiles: half the
@@ -112,14 +120,14 @@ def _token_slots(block_table_row, tokens, n_ctx, BLOCK_SIZE: tl.constexpr, WIDE:
 
 @triton.jit
 def _decode_v1_kernel(Q, K, V, BlockTable, ContextLens, Out, scale_log2,
-                      stride_qb, stride_qh, stride_kb, stride_ks, stride_kh,
+                      max_tokens, stride_qb, stride_qh, stride_kb, stride_ks, stride_kh,
                       stride_vb, stride_vs, stride_vh, stride_bt, stride_ob, stride_oh,
                       GROUP: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
                       BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, WIDE: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
     kvh = h // GROUP
-    n_ctx = tl.load(ContextLens + b)
+    n_ctx = _context_len(ContextLens, b, max_tokens)
     d = tl.arange(0, D_PAD)
     d_ok = d < D
     q = tl.load(Q + b * stride_qb + h * stride_qh + d, mask=d_ok, other=0.0).to(tl.float32)
@@ -143,12 +151,13 @@ def _decode_v1_kernel(Q, K, V, BlockTable, ContextLens, Out, scale_log2,
         acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
         l = l * alpha + tl.sum(p, axis=0)
         m = m_new
-    tl.store(Out + b * stride_ob + h * stride_oh + d, (acc / l).to(Out.dtype.element_ty), mask=d_ok)
+    out = tl.where(l > 0, acc / l, 0.0)  # an empty context attends to nothing: zeros
+    tl.store(Out + b * stride_ob + h * stride_oh + d, out.to(Out.dtype.element_ty), mask=d_ok)
 
 
 @triton.jit
 def _decode_gqa_kernel(Q, K, V, BlockTable, ContextLens, Out, MScratch, LScratch, AccScratch,
-                       Arrivals, scale_log2, segment_tokens,
+                       Arrivals, scale_log2, segment_tokens, max_tokens,
                        stride_qb, stride_qh, stride_kb, stride_ks, stride_kh,
                        stride_vb, stride_vs, stride_vh, stride_bt, stride_ob, stride_oh,
                        GROUP: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr,
@@ -159,7 +168,7 @@ def _decode_gqa_kernel(Q, K, V, BlockTable, ContextLens, Out, MScratch, LScratch
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     seg = tl.program_id(2)
-    n_ctx = tl.load(ContextLens + b)
+    n_ctx = _context_len(ContextLens, b, max_tokens)
     lo = seg * segment_tokens
     hi = tl.minimum(lo + segment_tokens, n_ctx)
     g = tl.arange(0, G_PAD)
@@ -219,7 +228,7 @@ def _decode_gqa_kernel(Q, K, V, BlockTable, ContextLens, Out, MScratch, LScratch
                                  SEG_PAD, MERGE_HEADS)
                 tl.store(counter, 0)  # zero again for the next call (CUDA-graph replays)
     else:
-        out = acc / l[:, None]
+        out = tl.where(l[:, None] > 0, acc / l[:, None], 0.0)  # empty context: zeros
         tl.store(Out + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
                  out.to(Out.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
 
@@ -242,8 +251,12 @@ def _merge_heads(MScratch, LScratch, AccScratch, Out, b, head0, n_heads, heads_t
     part = tl.load(AccScratch + rows[:, :, None] * D_PAD + d[None, None, :], mask=ok[:, :, None],
                    other=0.0, cache_modifier=".cg").to(tl.float32)
     m_all = tl.max(m, axis=1)
-    w = l * tl.exp2(m - m_all[:, None])  # each segment's share of the softmax mass; empty: 0
-    out = tl.sum(part * w[:, :, None], axis=1) / tl.sum(w, axis=1)[:, None]
+    # each segment's share of the softmax mass; an empty segment (l = 0, m = -inf) weighs 0,
+    # and a sequence with no tokens at all (every m = -inf) gets zeros, not 0/0
+    w = tl.where(l > 0, l * tl.exp2(m - m_all[:, None]), 0.0)
+    total = tl.sum(w, axis=1)
+    out = tl.where(total[:, None] > 0,
+                   tl.sum(part * w[:, :, None], axis=1) / tl.maximum(total, 1e-30)[:, None], 0.0)
     tl.store(Out + b * stride_ob + (head0 + h)[:, None] * stride_oh + d[None, :],
              out.to(Out.dtype.element_ty), mask=h_ok[:, None] & (d < D)[None, :])
 
@@ -255,7 +268,9 @@ def _split_reduce_kernel(MScratch, LScratch, AccScratch, Out, n_seg, stride_ob, 
                  tl.num_programs(1), n_seg, stride_ob, stride_oh, D, D_PAD, SEG_PAD, 1)
 
 
-def _validate(q, k_cache, v_cache, block_table, context_lens, mode, softmax_scale):
+def _validate(q, k_cache, v_cache, block_table, context_lens, mode, softmax_scale, out):
+    """Refuses bad input before any launch (TypeError / ValueError naming the problem); returns
+    the softmax scale."""
     tensors = dict(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table,
                    context_lens=context_lens)
     for name, t in tensors.items():
@@ -278,10 +293,15 @@ def _validate(q, k_cache, v_cache, block_table, context_lens, mode, softmax_scal
     if v_cache.shape != k_cache.shape:
         raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} differ")
     batch, heads, head_dim = q.shape
-    _, block_size, kv_heads, cache_dim = k_cache.shape
+    num_blocks, block_size, kv_heads, cache_dim = k_cache.shape
     if block_table.shape[0] != batch or context_lens.shape[0] != batch:
         raise ValueError(f"batch mismatch: q {batch}, block_table {block_table.shape[0]}, "
                          f"context_lens {context_lens.shape[0]}")
+    for count, what in ((heads, "q has 0 query heads"), (kv_heads, "k_cache has 0 KV heads"),
+                        (num_blocks, "k_cache holds 0 blocks"),
+                        (block_table.shape[1], "block_table has 0 columns (no room for a token)")):
+        if count == 0:
+            raise ValueError(what)
     if cache_dim != head_dim:
         raise ValueError(f"q head_dim {head_dim} != cache head_dim {cache_dim}")
     if head_dim not in HEAD_DIMS:
@@ -294,11 +314,47 @@ def _validate(q, k_cache, v_cache, block_table, context_lens, mode, softmax_scal
         if t.stride(-1) != 1 or (name != "q" and not t.is_contiguous()):
             raise ValueError(f"{name} must be contiguous (last dim stride 1), got strides "
                              f"{t.stride()}")
-    if len({t.device for t in tensors.values()}) != 1:
-        raise ValueError(f"inputs are on different devices: {[str(t.device) for t in tensors.values()]}")
-    if softmax_scale is not None and not (isinstance(softmax_scale, (int, float))
-                                          and math.isfinite(softmax_scale) and softmax_scale > 0):
-        raise ValueError(f"softmax_scale must be a finite float > 0, got {softmax_scale!r}")
+    if out is not None:
+        _validate_out(out, q, tensors)
+    devices = {t.device for t in tensors.values()} | ({out.device} if out is not None else set())
+    if len(devices) != 1:
+        raise ValueError(f"inputs are on different devices: {sorted(map(str, devices))}")
+    scale = validate_scale(softmax_scale, head_dim)
+    try:
+        require_device(q.device, "triton")
+    except ValueError as exc:
+        raise ValueError(f"paged_attention: {exc}") from None
+    return scale
+
+
+def _validate_out(out, q, inputs):
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
+    if out.shape != q.shape or out.dtype != q.dtype:
+        raise ValueError(f"out must be a {q.dtype} tensor of q's shape {tuple(q.shape)}, got "
+                         f"{out.dtype} {tuple(out.shape)}")
+    if out.stride(-1) != 1:
+        raise ValueError(f"out must have stride 1 in the head dim, got strides {out.stride()}")
+    refuse_overlapping_out(out, **inputs)
+
+
+def _check_indices(block_table, context_lens, num_blocks, block_size) -> None:
+    """The host-side check of ``check_indices=True`` (synchronizes): every length within the
+    table's capacity, every block id a sequence uses within the pool."""
+    capacity = block_table.shape[1] * block_size
+    lens = context_lens.long()
+    bad = ((lens < 0) | (lens > capacity)).nonzero()
+    if bad.numel():
+        b = int(bad[0, 0])
+        raise ValueError(f"context_lens[{b}] = {int(lens[b])} is outside [0, {capacity}] (the "
+                         f"block table holds {block_table.shape[1]} blocks of {block_size})")
+    used = (torch.arange(block_table.shape[1], device=lens.device)[None, :]
+            < (lens[:, None] + block_size - 1) // block_size)
+    bad = (used & ((block_table < 0) | (block_table >= num_blocks))).nonzero()
+    if bad.numel():
+        b, col = (int(x) for x in bad[0])
+        raise ValueError(f"block_table[{b}, {col}] = {int(block_table[b, col])} is not a block of "
+                         f"the pool [0, {num_blocks})")
 
 
 def _sm_count(device) -> int:
@@ -344,21 +400,33 @@ GQA_FROM_PER_SM = 4
 
 
 def paged_attention(q, k_cache, v_cache, block_table, context_lens, *, mode="auto",
-                    softmax_scale=None, out=None, config: LaunchConfig | None = None):
+                    softmax_scale=None, out=None, config: LaunchConfig | None = None,
+                    check_indices: bool = False):
     """Decode attention: q (B, Hq, D) against the paged cache -> (B, Hq, D) in q's dtype.
+
+    k_cache / v_cache (num_blocks, block_size, Hkv, D); block_table (B, max_blocks) int32;
+    context_lens (B,) int32. Shapes, dtypes, devices, layouts and ``out`` are checked before
+    any launch. Values are not, unless ``check_indices=True`` (a host check that synchronizes):
+    the contract is that the first ceil(len / block_size) ids of each row of the table lie in
+    [0, num_blocks) — an id outside reads outside the cache. Lengths are clamped in the kernel
+    to [0, max_blocks · block_size], so no length reads past its row of the table; a sequence
+    of length 0 gets zeros. B = 0 returns an empty result without a launch.
     ``config`` overrides the mode's launch config (``DEFAULTS``) — for tuning."""
-    _validate(q, k_cache, v_cache, block_table, context_lens, mode, softmax_scale)
+    scale = _validate(q, k_cache, v_cache, block_table, context_lens, mode, softmax_scale, out)
     batch, heads, head_dim = q.shape
-    _, block_size, kv_heads, _ = k_cache.shape
+    num_blocks, block_size, kv_heads, _ = k_cache.shape
+    if out is None:
+        out = torch.empty_like(q)
+    if batch == 0:
+        return out
+    if check_indices:
+        _check_indices(block_table, context_lens, num_blocks, block_size)
     group = heads // kv_heads
     max_tokens = block_table.shape[1] * block_size
     sm_count = _sm_count(q.device)
     if mode == "auto":
         mode = choose_mode(batch, heads, kv_heads, max_tokens, sm_count)
     config = config or launch_config(mode, batch, kv_heads, sm_count)
-    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
-    if out is None:
-        out = torch.empty_like(q)
     d_pad = triton.next_power_of_2(head_dim)
     tile = tile_for(config, d_pad, q.element_size())
     common = (q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -367,7 +435,7 @@ def paged_attention(q, k_cache, v_cache, block_table, context_lens, *, mode="aut
     wide = k_cache.numel() > INT32_MAX  # an element offset into the cache may pass int32
     if mode == "v1":
         _decode_v1_kernel[(batch, heads)](q, k_cache, v_cache, block_table, context_lens, out,
-                                          scale * LOG2E, *common, GROUP=group, D=head_dim,
+                                          scale * LOG2E, max_tokens, *common, GROUP=group, D=head_dim,
                                           D_PAD=d_pad, BLOCK_SIZE=block_size, TILE=tile,
                                           WIDE=wide, num_warps=config.num_warps,
                                           num_stages=config.num_stages)
@@ -379,7 +447,7 @@ def paged_attention(q, k_cache, v_cache, block_table, context_lens, *, mode="aut
     if mode == "gqa":
         _decode_gqa_kernel[(batch, kv_heads, 1)](
             q, k_cache, v_cache, block_table, context_lens, out, out, out, out, block_table,
-            scale * LOG2E, max_tokens, *common, SPLIT=False, MERGE_IN_KERNEL=False, SEG_PAD=1,
+            scale * LOG2E, max_tokens, max_tokens, *common, SPLIT=False, MERGE_IN_KERNEL=False, SEG_PAD=1,
             MERGE_HEADS=1, **meta)
         return out
     n_seg, segment_tokens, in_kernel = split_plan(batch, kv_heads, group, max_tokens, sm_count,
@@ -391,7 +459,7 @@ def paged_attention(q, k_cache, v_cache, block_table, context_lens, *, mode="aut
     arrivals = _arrival_counters(q.device, batch * kv_heads) if in_kernel else block_table
     _decode_gqa_kernel[(batch, kv_heads, n_seg)](
         q, k_cache, v_cache, block_table, context_lens, out, m_scratch, l_scratch, acc_scratch,
-        arrivals, scale * LOG2E, segment_tokens, *common, SPLIT=True, MERGE_IN_KERNEL=in_kernel,
+        arrivals, scale * LOG2E, segment_tokens, max_tokens, *common, SPLIT=True, MERGE_IN_KERNEL=in_kernel,
         SEG_PAD=seg_pad, MERGE_HEADS=merge_chunk(group, config.num_warps, seg_pad, d_pad),
         **meta)
     if not in_kernel:

@@ -153,7 +153,7 @@ def compiled(*args):
 def attention(q, k, v, causal=False, softmax_scale=None, out=None, config: "Config | None" = None):
     """BSHD GQA forward. q (B,S,Hq,D), k (B,S,Hkv,D), v (B,S,Hkv,Dv) fp16/bf16 on CUDA."""
     dims = validate_attention_inputs(q, k, v, supported_head_dims=HEAD_DIMS, out=out,
-                                     softmax_scale=softmax_scale)
+                                     softmax_scale=softmax_scale, causal=causal)
     cfg = config or config_for(dims.head_dim, dims.head_dim_v, bool(causal))
     kernel = compiled(dims.batch, dims.seq_len, dims.heads, dims.kv_heads, dims.head_dim,
                       dims.head_dim_v, bool(causal), dims.tl_dtype, dims.softmax_scale, cfg)

@@ -113,23 +113,32 @@ def _launch(q, k, v, out, causal, scale):
     return out
 
 
+def _validated(q, k, v, causal, softmax_scale, out=None, devices="triton"):
+    """The op's and the Python entry's one validation (``devices="any"`` in the fake, which
+    sees meta/fake tensors): the same errors wherever the call is checked."""
+    return validate_attention_inputs(q, k, v, supported_head_dims=HEAD_DIMS, out=out,
+                                     softmax_scale=softmax_scale, causal=causal,
+                                     contiguous=False, devices=devices)
+
+
 @torch.library.custom_op("ws_lab::triton_mha", mutates_args=())
 def triton_mha(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                softmax_scale: float) -> torch.Tensor:
     """(B, S, Hq, D) attention; k, v (B, S, Hkv, D). Inputs need stride 1 in D only."""
-    return _launch(q, k, v, torch.empty_like(q), causal, softmax_scale)
+    dims = _validated(q, k, v, causal, softmax_scale)
+    return _launch(q, k, v, torch.empty_like(q), causal, dims.softmax_scale)
 
 
 @triton_mha.register_fake
 def _(q, k, v, causal, softmax_scale):
+    _validated(q, k, v, causal, softmax_scale, devices="any")
     return torch.empty_like(q)
 
 
 def attention(q, k, v, causal=False, softmax_scale=None, out=None):
     """The lab's kernel API: BSHD q (B,S,Hq,D), k/v (B,S,Hkv,D) fp16/bf16 on CUDA; D 64/128.
     Strided views (e.g. slices of a fused QKV projection) are taken as they are."""
-    dims = validate_attention_inputs(q, k, v, supported_head_dims=HEAD_DIMS, out=out,
-                                     softmax_scale=softmax_scale, contiguous=False)
+    dims = _validated(q, k, v, causal, softmax_scale, out)
     if out is None:
         return triton_mha(q, k, v, bool(causal), dims.softmax_scale)
     return _launch(q, k, v, out, bool(causal), dims.softmax_scale)

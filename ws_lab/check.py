@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import math
+import numbers
+import os
 import secrets
 from dataclasses import dataclass
 
+import numpy
 import torch
 
 from ws_lab import oracle
@@ -38,15 +41,20 @@ def _require_tensor(name, t):
 
 
 def validate_attention_inputs(q, k, v, *, supported_head_dims, out=None, softmax_scale=None,
-                              dtypes=(torch.float16, torch.bfloat16),
-                              contiguous=True) -> AttentionDims:
+                              causal=False, dtypes=(torch.float16, torch.bfloat16),
+                              contiguous=True, devices="cuda") -> AttentionDims:
     """Checks BSHD q/k/v (and out) before any launch; raises TypeError/ValueError naming the problem.
 
     q (B, S, Hq, D), k (B, S, Hkv, D), v (B, S, Hkv, Dv), out (B, S, Hq, Dv): one dtype from
-    ``dtypes``, contiguous, on one CUDA device; Hq a multiple of Hkv; (D, Dv) in
-    ``supported_head_dims``; softmax_scale None (1/sqrt(D)) or finite and > 0. With
-    ``contiguous=False`` (kernels that take strides) only the head dim must have stride 1.
+    ``dtypes``, contiguous, on one device; Hq a multiple of Hkv; (D, Dv) in
+    ``supported_head_dims``; out sharing no memory with q/k/v; causal a bool; softmax_scale None
+    (1/sqrt(D)) or a finite real > 0 (numpy scalars too). With ``contiguous=False`` (kernels
+    that take strides) only the head dim must have stride 1. ``devices``: "cuda" (TileLang
+    kernels), "triton" (CUDA, or the CPU under TRITON_INTERPRET=1) or "any" (a fake/meta
+    implementation).
     """
+    if not isinstance(causal, (bool, numpy.bool_)):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__} {causal!r}")
     for name, t in (("q", q), ("k", k), ("v", v)):
         _require_tensor(name, t)
         if t.dtype not in dtypes:
@@ -86,21 +94,58 @@ def validate_attention_inputs(q, k, v, *, supported_head_dims, out=None, softmax
                              f"{out.dtype} {tuple(out.shape)} strides {out.stride()}")
     scale = validate_scale(softmax_scale, head_dim)
     tensors = [q, k, v] + ([out] if out is not None else [])
-    if any(t.device.type != "cuda" for t in tensors):
-        raise ValueError(f"inputs must be CUDA tensors, got devices {[str(t.device) for t in tensors]}")
     if len({t.device for t in tensors}) != 1:
         raise ValueError(f"inputs are on different devices: {[str(t.device) for t in tensors]}")
+    refuse_overlapping_out(out, q=q, k=k, v=v)
+    require_device(q.device, devices)
     return AttentionDims(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, q.dtype, scale)
 
 
 def validate_scale(softmax_scale, head_dim: int) -> float:
+    """1/sqrt(D) for None; else a finite real > 0 (Python or numpy scalar) as a float."""
     if softmax_scale is None:
         return 1.0 / math.sqrt(head_dim)
-    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
         raise TypeError(f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
+    softmax_scale = float(softmax_scale)
     if not math.isfinite(softmax_scale) or softmax_scale <= 0:
         raise ValueError(f"softmax_scale must be finite and > 0, got {softmax_scale}")
     return float(softmax_scale)
+
+
+def require_device(device, devices: str) -> None:
+    """``devices``: "cuda" — CUDA only; "triton" — CUDA, or the CPU under TRITON_INTERPRET=1
+    (Triton's interpreter); "any" — no check (fake tensors)."""
+    if devices == "any" or device.type == "cuda":
+        return
+    if devices == "triton":
+        if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
+            return
+        raise ValueError(f"inputs must be CUDA tensors (CPU tensors only under "
+                         f"TRITON_INTERPRET=1), got {device.type} tensors")
+    raise ValueError(f"inputs must be CUDA tensors, got {device.type} tensors")
+
+
+def _byte_span(t: torch.Tensor) -> tuple[int, int]:
+    """[first, last) byte addresses a tensor's elements occupy (its strided extent)."""
+    start = t.data_ptr()
+    extent = sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride())) + 1
+    return start, start + extent * t.element_size()
+
+
+def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two non-empty tensors on one device may share memory (their byte extents meet)."""
+    if a.device != b.device or a.numel() == 0 or b.numel() == 0 or a.device.type == "meta":
+        return False
+    (a0, a1), (b0, b1) = _byte_span(a), _byte_span(b)
+    return a0 < b1 and b0 < a1
+
+
+def refuse_overlapping_out(out, **inputs) -> None:
+    """An ``out`` that shares memory with an input would be read after being written."""
+    for name, t in inputs.items():
+        if out is not None and isinstance(t, torch.Tensor) and overlaps(out, t):
+            raise ValueError(f"out overlaps {name} in memory; give a separate output buffer")
 
 
 def random_qkv(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, dtype, device, seed=None):

@@ -53,7 +53,9 @@ def paged_attention_ref(q, k_cache, v_cache, block_table, context_lens, softmax_
 
     q (B, Hq, D); k_cache / v_cache (num_blocks, block_size, Hkv, D); block_table (B, max_blocks)
     int32; context_lens (B,) int32. Sequence b's token t lives in block block_table[b, t //
-    block_size] at slot t % block_size. Returns (B, Hq, D) float64.
+    block_size] at slot t % block_size. A length is clamped to [0, max_blocks · block_size]
+    (the kernels' contract) and an empty sequence attends to nothing: zeros. Returns (B, Hq, D)
+    float64.
     """
     batch, heads, head_dim = q.shape
     block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -62,8 +64,12 @@ def paged_attention_ref(q, k_cache, v_cache, block_table, context_lens, softmax_
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
     group = heads // kv_heads
     out = torch.empty(batch, heads, v_cache.shape[3], dtype=torch.float64, device=q.device)
+    capacity = block_table.shape[1] * block_size
     for b in range(batch):
-        n = int(context_lens[b])
+        n = min(max(int(context_lens[b]), 0), capacity)
+        if n == 0:
+            out[b] = 0.0
+            continue
         tokens = torch.arange(n, device=q.device)
         blocks = block_table[b, tokens // block_size].long()
         slots = tokens % block_size

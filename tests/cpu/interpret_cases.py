@@ -16,7 +16,7 @@ def main():
 
     from ws_lab.kernels import paged, triton_mha
     from ws_lab import oracle
-    from ws_lab.paged_cases import check_paged, variants
+    from ws_lab.paged_cases import check_paged, make_paged, variants
 
     results = {}
     for dtype in (torch.float32, torch.float16):
@@ -30,6 +30,14 @@ def main():
             ref, _ = oracle.attention_ref(q, k, v, causal=causal, softmax_scale=0.125)
             tol = 1e-5 if dtype == torch.float32 else 2e-3
             results[f"mha-{dtype}-S{seq}-{'causal' if causal else 'full'}"] = [oracle.rel_l2(out, ref), tol]
+    # lengths past the table's capacity (clamped), negative and zero (zeros), every variant
+    for name, fn in variants().items():
+        (q, kc, vc, table, _), _ = make_paged(4, 8, 2, 64, 16, [40, 40, 40, 40], torch.float32,
+                                              "cpu")
+        lens = torch.tensor([0, 10_000, -3, 33], dtype=torch.int32)
+        out = fn(q, kc, vc, table, lens, out=torch.full_like(q, float("nan")))
+        results[f"paged-{name}-lengths-clamped"] = [
+            oracle.rel_l2(out, oracle.paged_attention_ref(q, kc, vc, table, lens)), 1e-5]
     # the in-kernel merge ran and left its arrival counters zeroed for the next call: [sum, 0]
     counters = list(paged._ARRIVALS.values())
     results["paged-arrival-counters-reset"] = [

@@ -14,7 +14,7 @@ def test_stripe_fragment_holds_its_own_registers():
     assert ok, actual
 
 
-@pytest.mark.gpu
+@pytest.mark.hopper
 @pytest.mark.xfail(strict=True, reason="reduce_max over the stripe reads registers nothing wrote")
 def test_stripe_row_max_matches_torch():
     result = stripe_fragment_layout.run()

@@ -17,7 +17,7 @@ from tests.ws.grid import (assert_bitwise_repeatable, assert_sanitizer_clean, ca
                            default_scale, grid, precompile)
 from ws_lab.check import check_attention, random_qkv
 
-pytestmark = pytest.mark.gpu
+pytestmark = pytest.mark.hopper
 
 HEAD_DIMS = [(64, 64), (128, 128), (256, 256)]
 MAINLOOPS = {"serial": coop.serial_mainloop, "overlap": coop_overlap.overlap_mainloop()}

@@ -12,7 +12,7 @@ from tests.ws.grid import (assert_bitwise_repeatable, assert_sanitizer_clean, ca
                            default_scale, grid, precompile)
 from ws_lab.check import check_attention, random_qkv
 
-pytestmark = pytest.mark.gpu
+pytestmark = pytest.mark.hopper
 
 CASES = [c for batch in (1, 2)
          for c in grid(largehdv.HEAD_DIMS, groups=[1, 4, 8], ragged=[1000, 2049, 77],

@@ -10,7 +10,7 @@ from ws_lab.kernels import pipelined
 from tests.ws.grid import case_id, default_scale, grid, precompile
 from ws_lab.check import check_attention
 
-pytestmark = pytest.mark.gpu
+pytestmark = pytest.mark.hopper
 
 CASES = grid([(64, 64), (128, 128), (256, 256), (64, 512)], groups=[1, 4, 8, 16],
              ragged=[1000, 4097]) + [

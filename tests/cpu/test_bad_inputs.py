@@ -1,0 +1,191 @@
+"""Every entry point refuses bad input with a TypeError / ValueError naming the problem, before
+any launch: paged_attention, torch.ops.ws_lab.triton_mha (its real and its fake implementation
+raise the same errors) and the registry's attention(). Inputs are CPU or meta tensors; no case
+reaches a kernel."""
+import numpy as np
+import pytest
+import torch
+
+from ws_lab import registry
+from ws_lab.kernels import paged, triton_mha  # noqa: F401  (registers torch.ops.ws_lab.triton_mha)
+
+
+def _paged(**changes):
+    args = dict(q=torch.randn(2, 4, 64), k_cache=torch.randn(8, 16, 2, 64),
+                v_cache=torch.randn(8, 16, 2, 64), block_table=torch.zeros(2, 3, dtype=torch.int32),
+                context_lens=torch.ones(2, dtype=torch.int32))
+    args.update({k: v for k, v in changes.items() if k in args})
+    return args, {k: v for k, v in changes.items() if k not in args}
+
+
+_pool, _q = torch.randn(8, 16, 2, 64), torch.randn(2, 4, 64)
+PAGED = [
+    ("q a list", dict(q=[[0.0]]), TypeError, "q must be a torch.Tensor"),
+    ("mode v3", dict(mode="v3"), ValueError, "mode must be one of"),
+    ("int64 table", dict(block_table=torch.zeros(2, 3, dtype=torch.int64)), TypeError,
+     "block_table must be int32"),
+    ("float lens", dict(context_lens=torch.ones(2)), TypeError, "context_lens must be int32"),
+    ("fp64 q", dict(q=torch.randn(2, 4, 64).double()), TypeError, "q has dtype"),
+    ("int8 q", dict(q=torch.zeros(2, 4, 64, dtype=torch.int8)), TypeError, "q has dtype"),
+    ("fp16 cache, fp32 q", dict(k_cache=torch.randn(8, 16, 2, 64).half()), TypeError, "dtypes differ"),
+    ("4-D q", dict(q=torch.randn(2, 1, 4, 64)), ValueError, "expected q"),
+    ("3-D cache", dict(k_cache=torch.randn(8, 16, 64)), ValueError, "expected q"),
+    ("1-D table", dict(block_table=torch.zeros(6, dtype=torch.int32)), ValueError, "expected q"),
+    ("k/v shapes differ", dict(v_cache=torch.randn(8, 16, 1, 64)), ValueError, "differ"),
+    ("lens batch", dict(context_lens=torch.ones(3, dtype=torch.int32)), ValueError, "batch mismatch"),
+    ("table batch", dict(block_table=torch.zeros(1, 3, dtype=torch.int32)), ValueError,
+     "batch mismatch"),
+    ("head dim 72", dict(q=torch.randn(2, 4, 72), k_cache=torch.randn(8, 16, 2, 72),
+                         v_cache=torch.randn(8, 16, 2, 72)), ValueError, "unsupported head dim 72"),
+    ("q/cache head dim", dict(q=torch.randn(2, 4, 128)), ValueError, "!= cache head_dim"),
+    ("partial group", dict(q=torch.randn(2, 3, 64)), ValueError, "not a multiple"),
+    ("block size 12", dict(k_cache=torch.randn(8, 12, 2, 64), v_cache=torch.randn(8, 12, 2, 64)),
+     ValueError, "power of two"),
+    ("block size 256", dict(k_cache=torch.randn(2, 256, 2, 64), v_cache=torch.randn(2, 256, 2, 64)),
+     ValueError, "power of two"),
+    ("strided cache", dict(k_cache=torch.randn(8, 16, 4, 64)[:, :, ::2],
+                           v_cache=torch.randn(8, 16, 2, 64)), ValueError, "contiguous"),
+    ("transposed table", dict(block_table=torch.zeros(3, 2, dtype=torch.int32).t()), ValueError,
+     "block_table must be contiguous"),
+    ("scale negative", dict(softmax_scale=-1.0), ValueError, "softmax_scale must be finite"),
+    ("scale nan", dict(softmax_scale=float("nan")), ValueError, "softmax_scale must be finite"),
+    ("scale string", dict(softmax_scale="0.1"), TypeError, "softmax_scale must be a float"),
+    ("scale bool", dict(softmax_scale=True), TypeError, "softmax_scale must be a float"),
+    ("0 query heads", dict(q=torch.randn(2, 0, 64)), ValueError, "q has 0 query heads"),
+    ("0 KV heads", dict(k_cache=torch.randn(8, 16, 0, 64), v_cache=torch.randn(8, 16, 0, 64)),
+     ValueError, "k_cache has 0 KV heads"),
+    ("empty pool", dict(k_cache=torch.randn(0, 16, 2, 64), v_cache=torch.randn(0, 16, 2, 64)),
+     ValueError, "k_cache holds 0 blocks"),
+    ("0-column table", dict(block_table=torch.zeros(2, 0, dtype=torch.int32)), ValueError,
+     "block_table has 0 columns"),
+    ("out shape", dict(out=torch.empty(2, 4, 32)), ValueError, "out must be a"),
+    ("out dtype", dict(out=torch.empty(2, 4, 64, dtype=torch.float16)), ValueError, "out must be a"),
+    ("out not a tensor", dict(out=3), TypeError, "out must be a torch.Tensor"),
+    ("out strided head dim", dict(out=torch.empty(2, 64, 4).transpose(1, 2)), ValueError,
+     "stride 1 in the head dim"),
+    ("out is q", dict(q=_q, out=_q), ValueError, "out overlaps q"),  # read after being written
+    ("out overlaps k_cache", dict(k_cache=_pool, out=_pool.view(-1)[:512].view(2, 4, 64)),
+     ValueError, "out overlaps k_cache"),
+    ("out on another device", dict(out=torch.empty(2, 4, 64, device="meta")), ValueError,
+     "different devices"),
+    ("cpu without the interpreter", dict(), ValueError,
+     "CUDA tensors \\(CPU tensors only under TRITON_INTERPRET=1\\), got cpu"),
+    ("meta tensors", dict(q=torch.empty(2, 4, 64, device="meta"),
+                          k_cache=torch.empty(8, 16, 2, 64, device="meta"),
+                          v_cache=torch.empty(8, 16, 2, 64, device="meta"),
+                          block_table=torch.zeros(2, 3, dtype=torch.int32, device="meta"),
+                          context_lens=torch.ones(2, dtype=torch.int32, device="meta")),
+     ValueError, "got meta tensors"),
+]
+
+
+@pytest.mark.parametrize("changes,exc,message", [c[1:] for c in PAGED], ids=[c[0] for c in PAGED])
+def test_paged_attention_refuses(changes, exc, message, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    args, kwargs = _paged(**changes)
+    with pytest.raises(exc, match=message):
+        paged.paged_attention(*args.values(), **kwargs)
+
+
+CHECKED = [
+    ("length past the table", [0, 49], None, "context_lens\\[1\\] = 49 is outside \\[0, 48\\]"),
+    ("negative length", [-1, 3], None, "context_lens\\[0\\] = -1 is outside"),
+    ("block id past the pool", [40, 40], (1, 2, 8), "block_table\\[1, 2\\] = 8 is not a block"),
+    ("negative block id", [40, 17], (1, 1, -5), "block_table\\[1, 1\\] = -5 is not a block"),
+]
+
+
+@pytest.mark.parametrize("lens,poke,message", [c[1:] for c in CHECKED], ids=[c[0] for c in CHECKED])
+def test_check_indices_refuses_values_that_would_read_out_of_bounds(lens, poke, message,
+                                                                    monkeypatch):
+    """``check_indices=True`` looks at the values (a host sync); CPU tensors pass the device
+    check only under the interpreter, and every case here is refused before a launch."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    table = torch.arange(6, dtype=torch.int32).view(2, 3)
+    if poke:
+        table[poke[0], poke[1]] = poke[2]
+    args, _ = _paged(block_table=table, context_lens=torch.tensor(lens, dtype=torch.int32))
+    with pytest.raises(ValueError, match=message):
+        paged.paged_attention(*args.values(), check_indices=True)
+
+
+def test_an_unused_block_id_is_not_an_error(monkeypatch):
+    """Columns past a sequence's length are never read: check_indices ignores them (a length
+    of 17 uses two of three columns)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from ws_lab.kernels.paged import _check_indices
+
+    table = torch.tensor([[0, 1, 99], [2, 3, -7]], dtype=torch.int32)
+    _check_indices(table, torch.tensor([17, 32], dtype=torch.int32), 8, 16)
+
+
+def _qkv(device="cpu", b=1, s=16, hq=4, hkv=2, d=64, dv=None, dtype=torch.float16):
+    return (torch.empty(b, s, hq, d, device=device, dtype=dtype).normal_() if device == "cpu" else
+            torch.empty(b, s, hq, d, device=device, dtype=dtype),
+            torch.empty(b, s, hkv, d, device=device, dtype=dtype),
+            torch.empty(b, s, hkv, dv or d, device=device, dtype=dtype))
+
+
+OP = [
+    ("partial group", dict(hq=3), ValueError, "not a multiple of Hkv"),
+    ("fp32", dict(dtype=torch.float32), TypeError, "dtype torch.float32"),
+    ("head dim 96", dict(d=96), ValueError, r"unsupported head dim \(D=96, Dv=96\)"),
+    ("Dv 128 with D 64", dict(dv=128), ValueError, r"D=64, Dv=128"),
+    ("empty sequence", dict(s=0), ValueError, "empty input"),
+    ("empty batch", dict(b=0), ValueError, "empty input"),
+]
+
+
+@pytest.mark.parametrize("device", ["meta", "cpu"], ids=["fake", "real"])
+@pytest.mark.parametrize("dims,exc,message", [c[1:] for c in OP], ids=[c[0] for c in OP])
+def test_triton_mha_op_refuses_in_the_op_and_its_fake(device, dims, exc, message):
+    q, k, v = _qkv(device, **dims)
+    with pytest.raises(exc, match=message):
+        torch.ops.ws_lab.triton_mha(q, k, v, True, 0.125)
+
+
+@pytest.mark.parametrize("device", ["meta", "cpu"], ids=["fake", "real"])
+@pytest.mark.parametrize("scale,exc", [(0.0, ValueError), (float("inf"), ValueError)])
+def test_triton_mha_op_refuses_bad_scales(device, scale, exc):
+    with pytest.raises(exc, match="softmax_scale must be finite"):
+        torch.ops.ws_lab.triton_mha(*_qkv(device), False, scale)
+
+
+def test_triton_mha_op_refuses_mismatched_layouts_and_cpu():
+    q, k, v = _qkv("meta")
+    with pytest.raises(ValueError, match="batch/seq mismatch"):
+        torch.ops.ws_lab.triton_mha(q, k[:, :8], v[:, :8], True, 0.125)
+    with pytest.raises(ValueError, match="must be 4-D BSHD"):
+        torch.ops.ws_lab.triton_mha(q[0], k[0], v[0], True, 0.125)
+    with pytest.raises(ValueError, match="CPU tensors only under TRITON_INTERPRET=1"):
+        torch.ops.ws_lab.triton_mha(*_qkv("cpu"), True, 0.125)
+
+
+ENTRIES = ["pipelined", "coop", "coop-overlap-persistent", "triton-mha"]
+REGISTRY = [
+    ("causal a string", dict(causal="yes"), TypeError, "causal must be a bool, got str"),
+    ("causal an int", dict(causal=1), TypeError, "causal must be a bool, got int"),
+    ("causal None", dict(causal=None), TypeError, "causal must be a bool, got NoneType"),
+    ("out is q", dict(out="q"), ValueError, "out overlaps q"),
+    ("out overlaps v", dict(out="v"), ValueError, "out overlaps v"),
+    # accepted: numpy scalars and numpy bools get as far as the device check
+    ("numpy float32 scale", dict(softmax_scale=np.float32(0.125)), ValueError, "CUDA tensors"),
+    ("numpy float64 scale", dict(softmax_scale=np.float64(0.125)), ValueError, "CUDA tensors"),
+    ("numpy bool causal", dict(causal=np.bool_(True)), ValueError, "CUDA tensors"),
+]
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.parametrize("kwargs,exc,message", [c[1:] for c in REGISTRY], ids=[c[0] for c in REGISTRY])
+def test_registry_attention_refuses(entry, kwargs, exc, message, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    q, k, v = _qkv(hq=2, d=128)
+    kwargs = dict(kwargs)
+    if kwargs.get("out") == "q":
+        kwargs["out"] = q
+    elif kwargs.get("out") == "v":  # v and out carved from one buffer, sharing its middle
+        buffer = torch.empty(3 * v.numel(), dtype=torch.float16).normal_()
+        v = buffer[v.numel():2 * v.numel()].view(v.shape)
+        kwargs["out"] = buffer[v.numel() // 2:v.numel() // 2 + q.numel()].view(q.shape)
+    with pytest.raises(exc, match=message):
+        registry.get(entry).attention(q, k, v, **kwargs)
