@@ -78,3 +78,51 @@ def paged_attention_ref(q, k_cache, v_cache, block_table, context_lens, softmax_
         scores = torch.einsum("hd,nhd->hn", q[b].to(torch.float64), k) * scale
         out[b] = torch.einsum("hn,nhd->hd", torch.softmax(scores, dim=-1), v)
     return out
+
+
+def rope_ref(x, cos, sin):
+    """Rotate-half RoPE (HF Llama / Qwen2 ``apply_rotary_pos_emb``) in float64: x (..., D) with
+    cos / sin broadcast to it."""
+    x, cos, sin = (t.to(torch.float64) for t in (x, cos, sin))
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+def fused_decode_ref(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, softmax_scale=None,
+                     block_table=None):
+    """The unfused float64 reference of one fused decode step: RoPE on q and k_new at each
+    sequence's position, the cache write (rotated k and v, cast to the cache dtype, at
+    ``positions[b]``), then attention of q over tokens [0, positions[b]].
+
+    Static caches (B, Hkv, Lmax, D), or paged ones (num_blocks, block_size, Hkv, D) with
+    ``block_table``. The caches are not modified. Returns (out (B, Hq, D) float64, the rotated
+    k_new (B, Hkv, D) float64, the caches as the step leaves them)."""
+    batch, heads, head_dim = q.shape
+    kv_heads = k_new.shape[1]
+    pos = positions.long()
+    q_rot = rope_ref(q, cos[pos][:, None], sin[pos][:, None])
+    k_rot = rope_ref(k_new, cos[pos][:, None], sin[pos][:, None])
+    k_after, v_after = k_cache.clone(), v_cache.clone()
+    for b in range(batch):
+        p = int(pos[b])
+        if block_table is None:
+            k_after[b, :, p], v_after[b, :, p] = k_rot[b].to(k_cache.dtype), v_new[b]
+        else:
+            block, slot = int(block_table[b, p // k_cache.shape[1]]), p % k_cache.shape[1]
+            k_after[block, slot], v_after[block, slot] = k_rot[b].to(k_cache.dtype), v_new[b]
+    if block_table is None:
+        keys, values = k_after.transpose(1, 2), v_after.transpose(1, 2)  # (B, L, Hkv, D)
+    else:
+        keys = k_after[block_table.long()].flatten(1, 2)  # (B, max_blocks·bs, Hkv, D)
+        values = v_after[block_table.long()].flatten(1, 2)
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
+    group = heads // kv_heads
+    out = torch.empty(batch, heads, head_dim, dtype=torch.float64, device=q.device)
+    for b in range(batch):
+        n = int(pos[b]) + 1
+        k = keys[b, :n].to(torch.float64).repeat_interleave(group, dim=1)  # n Hq D
+        v = values[b, :n].to(torch.float64).repeat_interleave(group, dim=1)
+        scores = torch.einsum("hd,nhd->hn", q_rot[b], k) * scale
+        out[b] = torch.einsum("hn,nhd->hd", torch.softmax(scores, dim=-1), v)
+    return out, k_rot, (k_after, v_after)

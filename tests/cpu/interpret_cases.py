@@ -8,6 +8,10 @@ import os
 PAGED = [(3, 4, 1, 64, 16, [1, 17, 513]), (2, 8, 1, 80, 8, [17, 1]), (1, 32, 1, 128, 32, [513]),
          (2, 2, 2, 96, 64, [100, 3])]
 MHA = [(s, causal) for s in (40, 97) for causal in (False, True)]
+# fused decode (fp16; the interpreter's bf16 dot is wrong, GPU tests cover bf16):
+# (batch, Hq, Hkv, D, capacity, positions, block size or None for the static cache)
+FUSED = [(3, 14, 2, 64, 160, [0, 1, 159], None), (2, 8, 8, 128, 130, [77, 5], None),
+         (2, 32, 8, 128, 96, [95, 40], 16), (4, 14, 2, 64, 64, [63, 0, 31, 17], 8)]
 
 
 def main():
@@ -30,6 +34,18 @@ def main():
             ref, _ = oracle.attention_ref(q, k, v, causal=causal, softmax_scale=0.125)
             tol = 1e-5 if dtype == torch.float32 else 2e-3
             results[f"mha-{dtype}-S{seq}-{'causal' if causal else 'full'}"] = [oracle.rel_l2(out, ref), tol]
+    from ws_lab.decode_cases import check_decode, make_decode
+    from ws_lab.kernels import fused_decode
+
+    for b, hq, hkv, d, cap, pos, bs in FUSED:
+        fn = (fused_decode.fused_decode_attention if bs is None
+              else fused_decode.fused_paged_decode_attention)
+        c = check_decode(fn, make_decode(b, hq, hkv, d, cap, pos, torch.float16, "cpu", bs))
+        name = f"fused-B{b}-{hq}/{hkv}-D{d}-cap{cap}-pos{pos}-{'static' if bs is None else f'bs{bs}'}"
+        results[name] = [c.rel_err, c.tolerance]
+        results[name + "-k-slot-ulps"] = [c.k_slot_ulps, 1.0]
+        results[name + "-v-slot-and-untouched-exact"] = [
+            0.0 if c.v_slot_exact and c.untouched_exact else 1.0, 0.0]
     # lengths past the table's capacity (clamped), negative and zero (zeros), every variant
     for name, fn in variants().items():
         (q, kc, vc, table, _), _ = make_paged(4, 8, 2, 64, 16, [40, 40, 40, 40], torch.float32,

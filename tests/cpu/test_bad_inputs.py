@@ -189,3 +189,116 @@ def test_registry_attention_refuses(entry, kwargs, exc, message, monkeypatch):
         kwargs["out"] = buffer[v.numel() // 2:v.numel() // 2 + q.numel()].view(q.shape)
     with pytest.raises(exc, match=message):
         registry.get(entry).attention(q, k, v, **kwargs)
+
+
+def _fused(paged=False, **changes):
+    """Arguments of a valid fused-decode call (static caches, or paged with ``paged``), with
+    ``changes`` replacing some; keyword options (out, softmax_scale, check_positions) pass
+    through."""
+    args = dict(q=torch.randn(2, 14, 64).half(), k_new=torch.randn(2, 2, 64).half(),
+                v_new=torch.randn(2, 2, 64).half(),
+                k_cache=torch.randn(2, 2, 32, 64).half(), v_cache=torch.randn(2, 2, 32, 64).half(),
+                cos=torch.randn(32, 64).half(), sin=torch.randn(32, 64).half(),
+                positions=torch.tensor([0, 31], dtype=torch.int32))
+    if paged:  # the paged entry takes block_table after the caches
+        args.update(k_cache=torch.randn(6, 16, 2, 64).half(), v_cache=torch.randn(6, 16, 2, 64).half())
+        head = list(args.items())
+        args = dict(head[:5] + [("block_table", torch.tensor([[0, 1], [2, 3]], dtype=torch.int32))]
+                    + head[5:])
+    options = {k: changes.pop(k) for k in ("out", "softmax_scale", "check_positions")
+               if k in changes}
+    args.update(changes)
+    return args, options
+
+
+FUSED = [
+    ("q a list", dict(q=[[0.0]]), TypeError, "q must be a torch.Tensor"),
+    ("fp32 q", dict(q=torch.randn(2, 14, 64)), TypeError, "q has dtype torch.float32"),
+    ("bf16 cache", dict(k_cache=torch.randn(2, 2, 32, 64).bfloat16()), TypeError,
+     "k_cache has dtype torch.bfloat16, q has torch.float16"),
+    ("int cos", dict(cos=torch.zeros(32, 64, dtype=torch.int32)), TypeError,
+     "cos must be a floating-point tensor"),
+    ("int64 positions", dict(positions=torch.tensor([0, 1])), TypeError,
+     "positions must be int32"),
+    ("4-D q", dict(q=torch.randn(2, 1, 14, 64).half()), ValueError, "q must be \\(B, Hq, D\\)"),
+    ("k_new batch", dict(k_new=torch.randn(3, 2, 64).half()), ValueError, "must both be"),
+    ("partial group", dict(q=torch.randn(2, 13, 64).half()), ValueError, "not a multiple"),
+    ("head dim 96", dict(q=torch.randn(2, 14, 96).half(), k_new=torch.randn(2, 2, 96).half(),
+                         v_new=torch.randn(2, 2, 96).half()), ValueError, "unsupported head dim 96"),
+    ("cache heads", dict(k_cache=torch.randn(2, 4, 32, 64).half(),
+                         v_cache=torch.randn(2, 4, 32, 64).half()), ValueError,
+     "static caches must be"),
+    ("k/v caches differ", dict(v_cache=torch.randn(2, 2, 16, 64).half()), ValueError,
+     "must be equal 4-D caches"),
+    ("cos too short", dict(cos=torch.randn(31, 64).half()), ValueError,
+     "cos has 31 rows, fewer than the cache's 32 positions"),
+    ("sin too narrow", dict(sin=torch.randn(32, 32).half()), ValueError, "sin must be \\(L, D=64\\)"),
+    ("positions shape", dict(positions=torch.zeros(3, dtype=torch.int32)), ValueError,
+     "positions must be \\(B=2,\\)"),
+    ("strided cache", dict(k_cache=torch.randn(2, 2, 64, 64).half()[:, :, ::2],
+                           v_cache=torch.randn(2, 2, 32, 64).half()), ValueError,
+     "k_cache must be contiguous"),
+    ("out shape", dict(out=torch.empty(2, 14, 32).half()), ValueError, "out must be a contiguous"),
+    ("out is q", dict(out="q"), ValueError, "out overlaps q"),
+    ("scale zero", dict(softmax_scale=0.0), ValueError, "softmax_scale must be finite"),
+    ("cpu without the interpreter", dict(out=torch.empty(2, 14, 64).half()), ValueError,
+     "CPU tensors only under TRITON_INTERPRET=1"),
+]
+
+
+@pytest.mark.parametrize("changes,exc,message", [c[1:] for c in FUSED], ids=[c[0] for c in FUSED])
+def test_fused_decode_refuses(changes, exc, message, monkeypatch):
+    from ws_lab.kernels import fused_decode
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    args, options = _fused(**changes)
+    if options.get("out") == "q":
+        options["out"] = args["q"]
+    with pytest.raises(exc, match=message):
+        fused_decode.fused_decode_attention(*args.values(), **options)
+
+
+FUSED_PAGED = [
+    ("table batch", dict(block_table=torch.zeros(3, 2, dtype=torch.int32)), ValueError,
+     "block_table must be \\(B=2, max_blocks"),
+    ("table int64", dict(block_table=torch.zeros(2, 2, dtype=torch.int64)), TypeError,
+     "block_table must be int32"),
+    ("block size 12", dict(k_cache=torch.randn(6, 12, 2, 64).half(),
+                           v_cache=torch.randn(6, 12, 2, 64).half()), ValueError, "power of two"),
+    ("cache heads", dict(k_cache=torch.randn(6, 16, 1, 64).half(),
+                         v_cache=torch.randn(6, 16, 1, 64).half()), ValueError,
+     "paged caches must be"),
+]
+
+
+@pytest.mark.parametrize("changes,exc,message", [c[1:] for c in FUSED_PAGED],
+                         ids=[c[0] for c in FUSED_PAGED])
+def test_fused_paged_decode_refuses(changes, exc, message):
+    from ws_lab.kernels import fused_decode
+
+    args, options = _fused(paged=True, **changes)
+    with pytest.raises(exc, match=message):
+        fused_decode.fused_paged_decode_attention(*args.values(), **options)
+
+
+@pytest.mark.parametrize("positions,message", [([0, 32], "positions\\[1\\] = 32 is outside \\[0, 32\\)"),
+                                               ([-1, 3], "positions\\[0\\] = -1 is outside")])
+def test_fused_decode_check_positions_refuses_out_of_range(positions, message, monkeypatch):
+    """The host check (it syncs); without it positions are clamped in the kernel."""
+    from ws_lab.kernels import fused_decode
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    args, options = _fused(positions=torch.tensor(positions, dtype=torch.int32),
+                           check_positions=True)
+    with pytest.raises(ValueError, match=message):
+        fused_decode.fused_decode_attention(*args.values(), **options)
+
+
+def test_fused_decode_op_fake_refuses_like_the_op():
+    """torch.ops.ws_lab.fused_decode on meta tensors runs the fake: same checks, same errors."""
+    from ws_lab.kernels import fused_decode  # noqa: F401  (registers the op)
+
+    args, _ = _fused(cos=torch.randn(31, 64).half())
+    meta = [t.to("meta") for t in args.values()]
+    with pytest.raises(ValueError, match="cos has 31 rows"):
+        torch.ops.ws_lab.fused_decode(*meta, 0.125)

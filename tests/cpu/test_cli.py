@@ -56,6 +56,7 @@ def _assert_usage_error(done, *phrases):
     (["bench/coop.py", "--rounds", "many"], ["not an integer"]),
     (["bench/paged.py", "--block-size", "12"], ["--block-size must be a power of two"]),
     (["bench/paged.py", "--config", "1,2"], ["--config takes 4 to 6"]),
+    (["bench/decode.py", "--row", "gpt5"], ["no row starts with ['gpt5']", "qwen2.5-0.5b"]),
 ], ids=lambda v: " ".join(v) if isinstance(v, list) and v and v[0] != "no" else None)
 def test_user_mistakes_are_one_line_and_exit_2(argv, phrases):
     _assert_usage_error(_run(*argv), *phrases)
@@ -96,7 +97,8 @@ def _described_options(help_text: str) -> dict:
 
 
 @pytest.mark.parametrize("argv", [["bench/coop.py"], ["bench/pipelined.py"], ["bench/paged.py"],
-                                  ["-m", "ws_lab.emit"], ["-m", "ws_lab.repro"]],
+                                  ["bench/decode.py"], ["-m", "ws_lab.emit"],
+                                  ["-m", "ws_lab.repro"]],
                          ids=lambda v: " ".join(v))
 def test_help_describes_every_argument(argv):
     done = _run(*argv, "--help")
@@ -178,6 +180,16 @@ def test_paged_static_report_takes_the_block_size(tmp_path):
     records = json.loads(out.read_text())["static_report"]
     assert records and {r["block_size"] for r in records} == {32}
     assert "BLOCK_SIZE': 32" in records[0]["report"]
+
+
+def test_decode_bench_without_a_gpu_writes_the_fused_kernels_static_report(tmp_path):
+    _no_gpu()
+    out = tmp_path / "decode.json"
+    done = _run("bench/decode.py", "--row", "qwen", "--json", str(out))
+    assert done.returncode == 0, done.stderr[-2000:]
+    records = json.loads(out.read_text())["static_report"]
+    assert [(r["heads"], r["kv_heads"], r["head_dim"]) for r in records] == [(14, 2, 64)]
+    assert "fused_decode" in records[0]["report"] and "compiling fused_decode" in done.stderr
 
 
 def test_bench_scripts_import_the_checkout_they_run_from(tmp_path):

@@ -26,9 +26,10 @@ def interpreted():
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-# per dtype: every paged variant on every case, every MHA case; plus the counter check
+# per dtype: every paged variant on every case, every MHA case; then the clamped-lengths case
+# per variant, three checks per fused-decode case, and the counter check
 EXPECTED = (2 * len(interpret_cases.PAGED) * len(variants()) + 2 * len(interpret_cases.MHA)
-            + len(variants()) + 1)  # the clamped-lengths case per variant, the counter check
+            + len(variants()) + 3 * len(interpret_cases.FUSED) + 1)
 
 
 def test_every_case_ran(interpreted):
@@ -94,3 +95,48 @@ def test_static_report_compiles_triton_kernels_for_sm90_without_a_gpu():
     assert "HGMMA: 64x" in mha  # the MHA tile (128 rows) is on the wgmma path
     split = triton_static.report(paged.static_specs(32, 8, 128, 16)[1])
     assert "decode_split_k" in split and re.search(r"registers \d+", split)
+
+
+def test_fused_decode_compiles_whole_through_its_fake():
+    """A decode layer calling the fused op traces into one graph with ``fullgraph=True`` on meta
+    tensors (the fake runs, the kernel does not), and advancing positions (same shapes, other
+    values) reuses it: no recompile."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from ws_lab.kernels import fused_decode
+
+    torch._dynamo.reset()
+    counters.clear()
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def layer(q, k_new, v_new, k_cache, v_cache, cos, sin, positions):
+        return fused_decode.fused_decode_attention(q, k_new, v_new, k_cache, v_cache, cos, sin,
+                                                   positions).flatten(1)
+
+    meta = dict(device="meta", dtype=torch.bfloat16)
+    args = [torch.empty(4, 14, 64, **meta), torch.empty(4, 2, 64, **meta),
+            torch.empty(4, 2, 64, **meta), torch.empty(4, 2, 512, 64, **meta),
+            torch.empty(4, 2, 512, 64, **meta), torch.empty(512, 64, **meta),
+            torch.empty(512, 64, **meta)]
+    compiled = torch.compile(layer, fullgraph=True, backend=capture)
+    for _ in range(3):
+        out = compiled(*args, torch.empty(4, dtype=torch.int32, device="meta"))
+        assert out.shape == (4, 14 * 64)
+    assert len(graphs) == 1 and counters["stats"]["unique_graphs"] == 1
+    targets = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
+    assert any("fused_decode" in t for t in targets), targets
+
+
+def test_fused_decode_static_report_compiles_for_sm90():
+    from ws_lab import triton_static
+    from ws_lab.kernels import fused_decode
+
+    for paged in (False, True):
+        text = triton_static.report(fused_decode.static_specs(14, 2, 64, paged=paged)[0])
+        assert "fused_decode" in text and re.search(r"registers \d+", text)
+        assert "spill" not in text  # a Triton cubin has no ptxas spill report: left out

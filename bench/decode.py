@@ -1,0 +1,83 @@
+"""Per-layer decode attention: the fused RoPE + KV-write + attention kernel vs the unfused HF
+path (eager and CUDA-graph captured), the lab's paged ``auto`` with a separate RoPE / write, and
+the HBM floor, in one process (µs; CUDA-graph replays; ws_lab/bench_decode.py says how).
+
+    python bench/decode.py                 # Qwen2.5-0.5B and Llama-3-8B rows
+    python bench/decode.py --row qwen      # the rows whose name starts with qwen
+"""
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # import this checkout's ws_lab
+
+from ws_lab import cli, registry
+from ws_lab.bench_decode import DecodeRow
+
+QWEN = dict(heads=14, kv_heads=2, head_dim=64)  # Qwen2.5-0.5B attention
+LLAMA3 = dict(heads=32, kv_heads=8, head_dim=128)  # Llama-3-8B attention
+ROWS = ([DecodeRow("qwen2.5-0.5b", 64, capacity=4096, position=p, **QWEN)
+         for p in (32, 128, 511, 1023, 4095)]
+        + [DecodeRow("llama3-8b", b, capacity=8192, position=p, **LLAMA3)
+           for b in (8, 32) for p in (2047, 8191)])
+
+
+def _parser():
+    ap = cli.ArgumentParser(prog="bench/decode.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--row", action="append",
+                    help="keep the rows whose name starts with this (repeatable; default all)")
+    ap.add_argument("--json", type=Path,
+                    help="write the rows as JSON here (without a GPU: the static report)")
+    return ap
+
+
+def static_report(rows, json_path):
+    from ws_lab import triton_static
+
+    print("no CUDA device: printing the static report (sm_90 SASS summary of the fused kernel "
+          "for each row's head layout) instead\n")
+    fused = registry.decode("fused")
+    records = []
+    for layout in dict.fromkeys((r.heads, r.kv_heads, r.head_dim, r.dtype) for r in rows):
+        for spec in fused.static_specs(*layout):
+            with cli.status(f"compiling {spec.name} for {layout[0]}/{layout[1]}, D {layout[2]}"):
+                text = triton_static.report(spec)
+            print(text + "\n")
+            records.append(dict(heads=layout[0], kv_heads=layout[1], head_dim=layout[2],
+                                report=text))
+    if json_path:
+        json_path.write_text(json.dumps({"device": None, "static_report": records}, indent=1))
+
+
+def _main(argv):
+    args = _parser().parse_args(argv)
+    rows = [r for r in ROWS if not args.row or any(r.name.startswith(p) for p in args.row)]
+    if not rows:
+        raise cli.UsageError(f"no row starts with {args.row}; rows: "
+                             f"{', '.join(dict.fromkeys(r.name for r in ROWS))}")
+    import torch
+
+    if not torch.cuda.is_available():
+        return static_report(rows, args.json)
+    from ws_lab import bench_decode, bench_paged
+
+    copy = bench_paged.copy_bandwidth_gbps()
+    print(f"{torch.cuda.get_device_name()}: device copy {copy:.0f} GB/s (read + write)\n")
+    results = []
+    for row in rows:
+        with cli.status(f"measuring {row.label()}"):
+            results.append(bench_decode.measure_row(row, copy))
+    print(bench_decode.table(results))
+    if args.json:
+        args.json.write_text(json.dumps([dict(row=asdict(r.row), us=r.us, errors=r.errors,
+                                              notes=r.notes, copy_gbps=r.copy_gbps)
+                                         for r in results], indent=1))
+
+
+def main(argv=None):
+    cli.main(_main, argv, "bench/decode.py")
+
+
+if __name__ == "__main__":
+    main()

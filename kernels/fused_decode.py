@@ -1,0 +1,341 @@
+"""Fused decode attention in Triton: RoPE on q and the new k, the KV-cache write, and attention
+over [0, position] in one launch, with each sequence's position read from device memory.
+
+Counterparts: vLLM's fused RoPE + reshape_and_cache + paged attention (three kernels there),
+FlashInfer's decode with ``pos_encoding_mode="ROPE_LLAMA"`` (RoPE applied on the fly), and the
+flash-decoding split of FA2/FA3 (context segments merged by their log-sum-exp).
+
+Layouts:
+  static  caches (B, Hkv, Lmax, D): Hugging Face's StaticCache.
+  paged   caches (num_blocks, block_size, Hkv, D) + block_table (B, max_blocks): kernels/paged.py.
+cos / sin (L, D), L ≥ the cache's capacity: the rotate-half convention of HF Llama / Qwen2
+(``x·cos + rotate_half(x)·sin``, ``rotate_half(x) = cat(−x[D/2:], x[:D/2])``).
+
+Grid (B, Hkv, segments): one program per (sequence, KV head, context segment) serves the KV
+head's whole query group, so each K/V tile is read once per group. Every program rotates q and
+the new k in registers; the segment-0 program writes the rotated k and v at ``positions[b]``
+(once per KV head) and folds the new token into its softmax state from registers, while every
+program reads only cache tokens < position — no program reads a slot written in the same launch.
+With more than one segment each program leaves (m, l, O/l) in scratch and the last to arrive
+merges its group (an int32 arrival counter it resets), as kernels/paged.py's in-kernel merge.
+The segment count comes from shapes only (no host sync), so the call captures in a CUDA graph
+and compiles once under ``torch.compile`` while positions advance.
+
+Positions are clamped in the kernel to [0, capacity − 1]; ``check_positions=True`` refuses an
+out-of-range position on the host instead (it synchronizes).
+"""
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ws_lab.check import refuse_overlapping_out, require_device, validate_scale
+from ws_lab.kernels import LOG2E
+from ws_lab.kernels.paged import (MIN_DOT_ROWS, _arrival_counters, _merge_heads, _sm_count,
+                                  merge_chunk)
+
+HEAD_DIMS = (64, 128)
+DTYPES = (torch.float16, torch.bfloat16)
+TILE = 64  # cache tokens per step: a 16 KB K tile at D 128
+NUM_WARPS, NUM_STAGES = 4, 3
+WAVES = 2  # aim the (B, Hkv, segment) grid at this many waves of programs
+MAX_SEGMENTS = 16
+
+
+@triton.jit
+def _rotate(X, d, cos, sin, HALF: tl.constexpr, D: tl.constexpr, mask):
+    """RoPE (rotate-half) of rows whose element d lives at ``X + d``: x·cos + rotate_half(x)·sin,
+    in fp32."""
+    x = tl.load(X + d, mask=mask, other=0.0).to(tl.float32)
+    partner = tl.load(X + (d + HALF) % D, mask=mask, other=0.0).to(tl.float32)
+    sign = tl.where(d < HALF, -1.0, 1.0)
+    return x * cos + sign * partner * sin
+
+
+@triton.jit
+def _token_offsets(BlockTable, b, kvh, tokens, valid, n_kv_heads, capacity, stride_bt,
+                   PAGED: tl.constexpr, BLOCK_SIZE: tl.constexpr, D: tl.constexpr):
+    """Element offset of each token's row in the cache (int64)."""
+    if PAGED:
+        block = tl.load(BlockTable + b * stride_bt + tokens // BLOCK_SIZE, mask=valid, other=0)
+        return ((block.to(tl.int64) * BLOCK_SIZE + tokens % BLOCK_SIZE) * n_kv_heads + kvh) * D
+    return ((b * n_kv_heads + kvh).to(tl.int64) * capacity + tokens) * D
+
+
+@triton.jit
+def _fused_decode_kernel(Q, KNew, VNew, KCache, VCache, Cos, Sin, Positions, BlockTable, Out,
+                         MScratch, LScratch, AccScratch, Arrivals, scale_log2, capacity,
+                         segment_tokens, n_q_heads, n_kv_heads, stride_bt,
+                         GROUP: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr,
+                         TILE_N: tl.constexpr, PAGED: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                         SPLIT: tl.constexpr, MERGE_HEADS: tl.constexpr, SEG_PAD: tl.constexpr):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    seg = tl.program_id(2)
+    HALF: tl.constexpr = D // 2
+    pos = tl.minimum(tl.maximum(tl.load(Positions + b), 0), capacity - 1)
+    d = tl.arange(0, D)
+    cos = tl.load(Cos + pos.to(tl.int64) * D + d).to(tl.float32)
+    sin = tl.load(Sin + pos.to(tl.int64) * D + d).to(tl.float32)
+    g = tl.arange(0, G_PAD)
+    heads = kvh * GROUP + g
+    rows = (b * n_q_heads + heads).to(tl.int64) * D
+    q_ok = (g < GROUP)[:, None]
+    q = _rotate(Q + rows[:, None], d[None, :], cos[None, :], sin[None, :], HALF, D, q_ok)
+    q = q.to(KCache.dtype.element_ty)
+    new_row = (b * n_kv_heads + kvh).to(tl.int64) * D
+    k_new = _rotate(KNew + new_row, d, cos, sin, HALF, D, d < D).to(KCache.dtype.element_ty)
+    v_new = tl.load(VNew + new_row + d)
+
+    lo = seg * segment_tokens
+    hi = tl.minimum(lo + segment_tokens, pos)  # cache tokens < pos; the new one comes below
+    if seg == 0:
+        slot = _token_offsets(BlockTable, b, kvh, pos, pos >= 0, n_kv_heads, capacity,
+                              stride_bt, PAGED, BLOCK_SIZE, D)
+        tl.store(KCache + slot + d, k_new)
+        tl.store(VCache + slot + d, v_new.to(VCache.dtype.element_ty))
+        # the new token opens the softmax state: m = its score, l = 1, O = its value
+        m = tl.sum(q.to(tl.float32) * k_new.to(tl.float32)[None, :], axis=1) * scale_log2
+        l = tl.full([G_PAD], 1.0, tl.float32)
+        acc = tl.zeros([G_PAD, D], tl.float32) + v_new.to(tl.float32)[None, :]
+    else:
+        m = tl.full([G_PAD], float("-inf"), tl.float32)
+        l = tl.zeros([G_PAD], tl.float32)
+        acc = tl.zeros([G_PAD, D], tl.float32)
+    for start in range(lo, hi, TILE_N):
+        tokens = start + tl.arange(0, TILE_N)
+        valid = tokens < hi
+        offs = _token_offsets(BlockTable, b, kvh, tokens, valid, n_kv_heads, capacity,
+                              stride_bt, PAGED, BLOCK_SIZE, D)
+        k = tl.load(KCache + offs[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k))
+        s = tl.where(valid[None, :], s * scale_log2, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m - m_new)
+        v = tl.load(VCache + offs[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        l = l * alpha + tl.sum(p, axis=1)
+        m = m_new
+    g_ok = g < GROUP
+    if SPLIT:
+        n_seg = tl.num_programs(2)
+        row = (b * n_q_heads + heads) * n_seg + seg  # scratch (B, Hq, segments)
+        tl.store(MScratch + row, m, mask=g_ok)
+        tl.store(LScratch + row, l, mask=g_ok)
+        part = tl.where(l[:, None] > 0, acc / l[:, None], 0.0)
+        tl.store(AccScratch + row[:, None] * D + d[None, :],
+                 part.to(AccScratch.dtype.element_ty), mask=g_ok[:, None])
+        # every thread's stores precede the arrival; the last program acquires them and merges
+        tl.debug_barrier()
+        counter = Arrivals + b * n_kv_heads + kvh
+        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == n_seg - 1:
+            for h0 in range(0, GROUP, MERGE_HEADS):
+                _merge_heads(MScratch, LScratch, AccScratch, Out, b, kvh * GROUP + h0,
+                             GROUP - h0, n_q_heads, n_seg, n_q_heads * D, D, D, D, SEG_PAD,
+                             MERGE_HEADS)
+            tl.store(counter, 0)  # zero again for the next call (CUDA-graph replays)
+    else:
+        tl.store(Out + rows[:, None] + d[None, :], (acc / l[:, None]).to(Out.dtype.element_ty),
+                 mask=g_ok[:, None])
+
+
+def segments_for(batch, kv_heads, capacity, sm_count) -> int:
+    """Context segments per (sequence, KV head): enough programs for WAVES waves, each segment
+    at least one tile, at most MAX_SEGMENTS; shapes only."""
+    return max(1, min(math.ceil(WAVES * sm_count / (batch * kv_heads)),
+                      math.ceil(capacity / TILE), MAX_SEGMENTS))
+
+
+def _validate(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, block_table, out,
+              softmax_scale):
+    """Refuses bad input before any launch; returns (capacity, softmax scale)."""
+    named = dict(q=q, k_new=k_new, v_new=v_new, k_cache=k_cache, v_cache=v_cache, cos=cos,
+                 sin=sin, positions=positions)
+    if block_table is not None:
+        named["block_table"] = block_table
+    for name, t in named.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if q.dtype not in DTYPES:
+        raise TypeError(f"q has dtype {q.dtype}; supported: {DTYPES}")
+    for name in ("k_new", "v_new", "k_cache", "v_cache"):
+        if named[name].dtype != q.dtype:
+            raise TypeError(f"{name} has dtype {named[name].dtype}, q has {q.dtype}")
+    for name in ("cos", "sin"):
+        if not named[name].is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got {named[name].dtype}")
+    for name in ("positions",) + (("block_table",) if block_table is not None else ()):
+        if named[name].dtype != torch.int32:
+            raise TypeError(f"{name} must be int32, got {named[name].dtype}")
+    if q.dim() != 3 or k_new.dim() != 3 or v_new.dim() != 3:
+        raise ValueError(f"q must be (B, Hq, D) and k_new / v_new (B, Hkv, D); got {tuple(q.shape)}, "
+                         f"{tuple(k_new.shape)}, {tuple(v_new.shape)}")
+    batch, heads, head_dim = q.shape
+    if k_new.shape != v_new.shape or k_new.shape[0] != batch or k_new.shape[2] != head_dim:
+        raise ValueError(f"k_new {tuple(k_new.shape)} and v_new {tuple(v_new.shape)} must both be "
+                         f"(B={batch}, Hkv, D={head_dim})")
+    kv_heads = k_new.shape[1]
+    if min(batch, heads, kv_heads) == 0:
+        raise ValueError(f"empty input: q {tuple(q.shape)}, k_new {tuple(k_new.shape)}")
+    if heads % kv_heads:
+        raise ValueError(f"Hq={heads} is not a multiple of Hkv={kv_heads}")
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"unsupported head dim {head_dim}; supported: {HEAD_DIMS}")
+    if k_cache.shape != v_cache.shape or k_cache.dim() != 4:
+        raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must "
+                         "be equal 4-D caches")
+    if block_table is None:
+        want = (batch, kv_heads, k_cache.shape[2], head_dim)
+        if tuple(k_cache.shape) != want:
+            raise ValueError(f"static caches must be (B, Hkv, Lmax, D) = {want[:2] + ('Lmax',) + want[3:]}"
+                             f", got {tuple(k_cache.shape)}")
+        capacity, block_size = k_cache.shape[2], 0
+    else:
+        block_size = k_cache.shape[1]
+        if k_cache.shape[2:] != (kv_heads, head_dim):
+            raise ValueError(f"paged caches must be (num_blocks, block_size, Hkv={kv_heads}, "
+                             f"D={head_dim}), got {tuple(k_cache.shape)}")
+        if block_size < 8 or block_size > 128 or block_size & (block_size - 1):
+            raise ValueError(f"block_size must be a power of two in 8..128, got {block_size}")
+        if block_table.dim() != 2 or block_table.shape[0] != batch or block_table.shape[1] == 0:
+            raise ValueError(f"block_table must be (B={batch}, max_blocks ≥ 1), got "
+                             f"{tuple(block_table.shape)}")
+        capacity = block_table.shape[1] * block_size
+    if capacity == 0 or k_cache.shape[0] == 0:
+        raise ValueError(f"the cache holds no token: {tuple(k_cache.shape)}")
+    for name in ("cos", "sin"):
+        t = named[name]
+        if t.dim() != 2 or t.shape[1] != head_dim:
+            raise ValueError(f"{name} must be (L, D={head_dim}), got {tuple(t.shape)}")
+        if t.shape[0] < capacity:
+            raise ValueError(f"{name} has {t.shape[0]} rows, fewer than the cache's {capacity} "
+                             "positions")
+    if positions.shape != (batch,):
+        raise ValueError(f"positions must be (B={batch},), got {tuple(positions.shape)}")
+    for name, t in named.items():
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous, got strides {t.stride()}")
+    if out is not None:
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
+        if out.shape != q.shape or out.dtype != q.dtype or not out.is_contiguous():
+            raise ValueError(f"out must be a contiguous {q.dtype} tensor of q's shape "
+                             f"{tuple(q.shape)}, got {out.dtype} {tuple(out.shape)}")
+        refuse_overlapping_out(out, **named)
+    devices = {t.device for t in named.values()} | ({out.device} if out is not None else set())
+    if len(devices) != 1:
+        raise ValueError(f"inputs are on different devices: {sorted(map(str, devices))}")
+    scale = validate_scale(softmax_scale, head_dim)
+    return capacity, scale
+
+
+def _check_positions(positions, capacity):
+    bad = ((positions < 0) | (positions >= capacity)).nonzero()
+    if bad.numel():
+        b = int(bad[0, 0])
+        raise ValueError(f"positions[{b}] = {int(positions[b])} is outside [0, {capacity})")
+
+
+def _launch(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, block_table, out, capacity,
+            scale):
+    batch, heads, head_dim = q.shape
+    kv_heads = k_new.shape[1]
+    group = heads // kv_heads
+    n_seg = segments_for(batch, kv_heads, capacity, _sm_count(q.device))
+    segment_tokens = math.ceil(capacity / n_seg / TILE) * TILE
+    n_seg = math.ceil(capacity / segment_tokens)
+    split = n_seg > 1
+    seg_pad = triton.next_power_of_2(n_seg)
+    if split:
+        m_scratch = torch.empty(batch, heads, n_seg, dtype=torch.float32, device=q.device)
+        l_scratch = torch.empty_like(m_scratch)
+        acc_scratch = torch.empty(batch, heads, n_seg, head_dim, dtype=q.dtype, device=q.device)
+        arrivals = _arrival_counters(q.device, batch * kv_heads)
+    else:
+        m_scratch = l_scratch = acc_scratch = out
+        arrivals = positions
+    paged = block_table is not None
+    _fused_decode_kernel[(batch, kv_heads, n_seg)](
+        q, k_new, v_new, k_cache, v_cache, cos, sin, positions,
+        block_table if paged else positions, out, m_scratch, l_scratch, acc_scratch, arrivals,
+        scale * LOG2E, capacity, segment_tokens, heads, kv_heads,
+        block_table.stride(0) if paged else 0,
+        GROUP=group, G_PAD=max(MIN_DOT_ROWS, triton.next_power_of_2(group)), D=head_dim,
+        TILE_N=TILE, PAGED=paged, BLOCK_SIZE=k_cache.shape[1] if paged else 1, SPLIT=split,
+        MERGE_HEADS=merge_chunk(group, NUM_WARPS, seg_pad, head_dim), SEG_PAD=seg_pad,
+        num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+    return out
+
+
+@torch.library.custom_op("ws_lab::fused_decode", mutates_args=("k_cache", "v_cache"))
+def fused_decode(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
+                 k_cache: torch.Tensor, v_cache: torch.Tensor, cos: torch.Tensor,
+                 sin: torch.Tensor, positions: torch.Tensor, softmax_scale: float) -> torch.Tensor:
+    """The static-cache call as a custom op: it mutates the caches (the new token's slot) and
+    returns a fresh (B, Hq, D); Dynamo keeps it whole and CUDA graphs capture it."""
+    capacity, scale = _validate(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, None,
+                                None, softmax_scale)
+    require_device(q.device, "triton")
+    return _launch(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, None,
+                   torch.empty_like(q), capacity, scale)
+
+
+@fused_decode.register_fake
+def _(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, softmax_scale):
+    _validate(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, None, None, softmax_scale)
+    return torch.empty_like(q)
+
+
+def fused_decode_attention(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, *,
+                           softmax_scale=None, out=None, check_positions=False):
+    """RoPE(q), RoPE(k_new) → k_cache[b, :, positions[b]], v_new → v_cache[b, :, positions[b]],
+    then attention of q over tokens [0, positions[b]] → (B, Hq, D) in q's dtype.
+
+    q (B, Hq, D); k_new / v_new (B, Hkv, D); k_cache / v_cache (B, Hkv, Lmax, D), fp16 or bf16,
+    D 64 or 128; cos / sin (L ≥ Lmax, D); positions (B,) int32 on the device, ragged allowed.
+    Without ``out`` the call goes through ``torch.ops.ws_lab.fused_decode``."""
+    capacity, scale = _validate(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, None,
+                                out, softmax_scale)
+    if out is None and not check_positions:
+        return torch.ops.ws_lab.fused_decode(q, k_new, v_new, k_cache, v_cache, cos, sin,
+                                             positions, scale)
+    require_device(q.device, "triton")
+    if check_positions:
+        _check_positions(positions, capacity)
+    return _launch(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, None,
+                   torch.empty_like(q) if out is None else out, capacity, scale)
+
+
+def fused_paged_decode_attention(q, k_new, v_new, k_cache, v_cache, block_table, cos, sin,
+                                 positions, *, softmax_scale=None, out=None,
+                                 check_positions=False):
+    """The same fused step over kernels/paged.py's cache layout: k_cache / v_cache
+    (num_blocks, block_size, Hkv, D), block_table (B, max_blocks) int32; token positions[b]
+    goes to block block_table[b, pos // block_size], slot pos % block_size. The context of
+    sequence b is [0, positions[b]]."""
+    capacity, scale = _validate(q, k_new, v_new, k_cache, v_cache, cos, sin, positions,
+                                block_table, out, softmax_scale)
+    require_device(q.device, "triton")
+    if check_positions:
+        _check_positions(positions, capacity)
+    return _launch(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, block_table,
+                   torch.empty_like(q) if out is None else out, capacity, scale)
+
+
+def static_specs(heads, kv_heads, head_dim, dtype="float16", paged=False):
+    """sm_90 specialization of the fused kernel (split, in-kernel merge) for the static report."""
+    from ws_lab.triton_static import StaticSpec
+
+    elem = {"float16": "*fp16", "bfloat16": "*bf16"}[dtype]
+    group = heads // kv_heads
+    types = {n: "i32" for n in _fused_decode_kernel.arg_names}
+    types.update(Q=elem, KNew=elem, VNew=elem, KCache=elem, VCache=elem, Cos=elem, Sin=elem,
+                 Positions="*i32", BlockTable="*i32", Out=elem, MScratch="*fp32",
+                 LScratch="*fp32", AccScratch=elem, Arrivals="*i32", scale_log2="fp32")
+    meta = dict(GROUP=group, G_PAD=max(MIN_DOT_ROWS, triton.next_power_of_2(group)), D=head_dim,
+                TILE_N=TILE, PAGED=paged, BLOCK_SIZE=16 if paged else 1, SPLIT=True,
+                MERGE_HEADS=merge_chunk(group, NUM_WARPS, 4, head_dim), SEG_PAD=4)
+    return [StaticSpec(f"fused_decode{'_paged' if paged else ''}", _fused_decode_kernel, types,
+                       meta, dict(num_warps=NUM_WARPS, num_stages=NUM_STAGES))]
