@@ -66,7 +66,8 @@ def _token_offsets(BlockTable, b, kvh, tokens, valid, n_kv_heads, capacity, stri
 @triton.jit
 def _fused_decode_kernel(Q, KNew, VNew, KCache, VCache, Cos, Sin, Positions, BlockTable, Out,
                          MScratch, LScratch, AccScratch, Arrivals, scale_log2, capacity,
-                         segment_tokens, n_q_heads, n_kv_heads, stride_bt,
+                         segment_tokens, n_q_heads, n_kv_heads, stride_bt, stride_qb,
+                         stride_knb, stride_vnb,
                          GROUP: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr,
                          TILE_N: tl.constexpr, PAGED: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                          SPLIT: tl.constexpr, MERGE_HEADS: tl.constexpr, SEG_PAD: tl.constexpr):
@@ -80,13 +81,14 @@ def _fused_decode_kernel(Q, KNew, VNew, KCache, VCache, Cos, Sin, Positions, Blo
     sin = tl.load(Sin + pos.to(tl.int64) * D + d).to(tl.float32)
     g = tl.arange(0, G_PAD)
     heads = kvh * GROUP + g
-    rows = (b * n_q_heads + heads).to(tl.int64) * D
+    rows = (b * n_q_heads + heads).to(tl.int64) * D  # of the (contiguous) output
     q_ok = (g < GROUP)[:, None]
-    q = _rotate(Q + rows[:, None], d[None, :], cos[None, :], sin[None, :], HALF, D, q_ok)
+    q_rows = b.to(tl.int64) * stride_qb + heads * D
+    q = _rotate(Q + q_rows[:, None], d[None, :], cos[None, :], sin[None, :], HALF, D, q_ok)
     q = q.to(KCache.dtype.element_ty)
-    new_row = (b * n_kv_heads + kvh).to(tl.int64) * D
-    k_new = _rotate(KNew + new_row, d, cos, sin, HALF, D, d < D).to(KCache.dtype.element_ty)
-    v_new = tl.load(VNew + new_row + d)
+    k_new = _rotate(KNew + b.to(tl.int64) * stride_knb + kvh * D, d, cos, sin, HALF, D,
+                    d < D).to(KCache.dtype.element_ty)
+    v_new = tl.load(VNew + b.to(tl.int64) * stride_vnb + kvh * D + d)
 
     lo = seg * segment_tokens
     hi = tl.minimum(lo + segment_tokens, pos)  # cache tokens < pos; the new one comes below
@@ -215,8 +217,13 @@ def _validate(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, block_tabl
     if positions.shape != (batch,):
         raise ValueError(f"positions must be (B={batch},), got {tuple(positions.shape)}")
     for name, t in named.items():
-        if not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous, got strides {t.stride()}")
+        # q / k_new / v_new may be views with a batch stride (slices of a fused qkv GEMM's
+        # output); their heads and dims must be packed
+        packed = (t.stride(-1) == 1 and t.stride(-2) == t.shape[-1]) if name in _ROW_VIEWS \
+            else t.is_contiguous()
+        if not packed:
+            need = "packed heads (strides (·, D, 1))" if name in _ROW_VIEWS else "contiguous"
+            raise ValueError(f"{name} must be {need}, got strides {t.stride()}")
     if out is not None:
         if not isinstance(out, torch.Tensor):
             raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
@@ -229,6 +236,14 @@ def _validate(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, block_tabl
         raise ValueError(f"inputs are on different devices: {sorted(map(str, devices))}")
     scale = validate_scale(softmax_scale, head_dim)
     return capacity, scale
+
+
+_ROW_VIEWS = ("q", "k_new", "v_new")
+
+
+def _new_out(q):
+    """A contiguous (B, Hq, D) output (q itself may be a strided view)."""
+    return torch.empty(q.shape, dtype=q.dtype, device=q.device)
 
 
 def _check_positions(positions, capacity):
@@ -261,7 +276,7 @@ def _launch(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, block_table,
         q, k_new, v_new, k_cache, v_cache, cos, sin, positions,
         block_table if paged else positions, out, m_scratch, l_scratch, acc_scratch, arrivals,
         scale * LOG2E, capacity, segment_tokens, heads, kv_heads,
-        block_table.stride(0) if paged else 0,
+        block_table.stride(0) if paged else 0, q.stride(0), k_new.stride(0), v_new.stride(0),
         GROUP=group, G_PAD=max(MIN_DOT_ROWS, triton.next_power_of_2(group)), D=head_dim,
         TILE_N=TILE, PAGED=paged, BLOCK_SIZE=k_cache.shape[1] if paged else 1, SPLIT=split,
         MERGE_HEADS=merge_chunk(group, NUM_WARPS, seg_pad, head_dim), SEG_PAD=seg_pad,
@@ -279,13 +294,13 @@ def fused_decode(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
                                 None, softmax_scale)
     require_device(q.device, "triton")
     return _launch(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, None,
-                   torch.empty_like(q), capacity, scale)
+                   _new_out(q), capacity, scale)
 
 
 @fused_decode.register_fake
 def _(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, softmax_scale):
     _validate(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, None, None, softmax_scale)
-    return torch.empty_like(q)
+    return _new_out(q)
 
 
 def fused_decode_attention(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, *,
@@ -305,7 +320,7 @@ def fused_decode_attention(q, k_new, v_new, k_cache, v_cache, cos, sin, position
     if check_positions:
         _check_positions(positions, capacity)
     return _launch(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, None,
-                   torch.empty_like(q) if out is None else out, capacity, scale)
+                   _new_out(q) if out is None else out, capacity, scale)
 
 
 def fused_paged_decode_attention(q, k_new, v_new, k_cache, v_cache, block_table, cos, sin,
@@ -321,7 +336,7 @@ def fused_paged_decode_attention(q, k_new, v_new, k_cache, v_cache, block_table,
     if check_positions:
         _check_positions(positions, capacity)
     return _launch(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, block_table,
-                   torch.empty_like(q) if out is None else out, capacity, scale)
+                   _new_out(q) if out is None else out, capacity, scale)
 
 
 def static_specs(heads, kv_heads, head_dim, dtype="float16", paged=False):

@@ -88,7 +88,8 @@ def supported_shapes(name: str) -> list[Shape]:
 # Decode families: their own call signature (paged / static KV caches), so they are not
 # ``Kernel``s; the harness reaches them through ``decode(name)``, never by module path.
 DECODE: dict[str, str] = {"paged": "ws_lab.kernels.paged",
-                          "fused": "ws_lab.kernels.fused_decode"}
+                          "fused": "ws_lab.kernels.fused_decode",
+                          "layer_ops": "ws_lab.kernels.decode_layer"}
 
 
 def decode(name: str):

@@ -40,7 +40,13 @@ def main():
     for b, hq, hkv, d, cap, pos, bs in FUSED:
         fn = (fused_decode.fused_decode_attention if bs is None
               else fused_decode.fused_paged_decode_attention)
-        c = check_decode(fn, make_decode(b, hq, hkv, d, cap, pos, torch.float16, "cpu", bs))
+        problem = make_decode(b, hq, hkv, d, cap, pos, torch.float16, "cpu", bs)
+        if bs is None:  # q / k_new / v_new as views of one fused qkv row (batch stride only)
+            qkv = torch.cat([t.flatten(1) for t in (problem.q, problem.k_new, problem.v_new)], 1)
+            q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=1)
+            problem.q, problem.k_new, problem.v_new = (
+                q.view(b, hq, d), k.view(b, hkv, d), v.view(b, hkv, d))
+        c = check_decode(fn, problem)
         name = f"fused-B{b}-{hq}/{hkv}-D{d}-cap{cap}-pos{pos}-{'static' if bs is None else f'bs{bs}'}"
         results[name] = [c.rel_err, c.tolerance]
         results[name + "-k-slot-ulps"] = [c.k_slot_ulps, 1.0]

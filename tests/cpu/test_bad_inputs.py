@@ -238,6 +238,8 @@ FUSED = [
     ("strided cache", dict(k_cache=torch.randn(2, 2, 64, 64).half()[:, :, ::2],
                            v_cache=torch.randn(2, 2, 32, 64).half()), ValueError,
      "k_cache must be contiguous"),
+    ("q heads not packed", dict(q=torch.randn(2, 14, 128).half()[:, :, :64]), ValueError,
+     "q must be packed heads"),
     ("out shape", dict(out=torch.empty(2, 14, 32).half()), ValueError, "out must be a contiguous"),
     ("out is q", dict(out="q"), ValueError, "out overlaps q"),
     ("scale zero", dict(softmax_scale=0.0), ValueError, "softmax_scale must be finite"),

@@ -1,0 +1,249 @@
+"""The generate phase of an RL rollout on a random-initialised Qwen2.5-0.5B (bf16): HF generate
+with its dynamic cache, HF generate with a static cache (auto-compiled), and the lab's decode loop
+(one CUDA graph per step) with SDPA attention and with the fused decode kernel — one process, the
+same prompts, the same sampling (temperature 1, top-k 50: HF's default), no early stop.
+
+    python bench/rollout.py                       # 64 sequences, 200 prompt + 256 new tokens
+    python bench/rollout.py --grpo                # plus one Dr. GRPO step's breakdown
+
+Per path: ms per decode step (prefill excluded), tokens/s, the GPU's busy fraction (kernel time
+over wall time, torch.profiler) and the HBM floor (weights + the mean K/V read once a step).
+"""
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # import this checkout's ws_lab
+
+from ws_lab import cli
+
+TOP_K = 50  # HF generate's default when sampling
+
+
+def _parser():
+    ap = cli.ArgumentParser(prog="bench/rollout.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batch", type=int, default=64, help="sequences (default 64)")
+    ap.add_argument("--prompt", type=int, default=200, help="prompt tokens (default 200)")
+    ap.add_argument("--new", type=int, default=256, help="new tokens per sequence (default 256)")
+    ap.add_argument("--paths", default="hf-dynamic,hf-static,lab-sdpa,lab-fused",
+                    help="comma-separated paths to time (default: all four)")
+    ap.add_argument("--grpo", action="store_true",
+                    help="also run one Dr. GRPO step (rollout, log-probs, update) and print "
+                         "its breakdown")
+    return ap
+
+
+def _progress(total, label):
+    try:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, desc=label, leave=False, file=sys.stderr)
+        return bar.update, bar.close
+    except ImportError:
+        return None, lambda: None
+
+
+def _busy_fraction(run):
+    """Kernel time over wall time from torch.profiler: for the lab's loop over its decode
+    window (``loop.DECODE_RANGE``: the graph replays, prefill and capture left out), for HF's
+    generate over the whole call (its prefill is ~2 % of it)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from ws_lab.rollout.loop import DECODE_RANGE
+
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    wall_us = (time.perf_counter() - start) * 1e6
+    events = prof.events()
+    kernels = [e.time_range for e in events if e.device_type.name == "CUDA"]
+    window = next((e.time_range for e in events if e.name == DECODE_RANGE), None)
+    if window is not None:
+        kernels = [k for k in kernels if window.start <= k.start <= window.end]
+        wall_us = window.elapsed_us()
+    return _covered_us(kernels) / wall_us if kernels else None
+
+
+def _covered_us(ranges) -> float:
+    """µs during which at least one of the ranges runs (their union): overlapping kernels, or
+    one kernel reported twice (graph launches), count once."""
+    covered, end = 0.0, None
+    for r in sorted(ranges, key=lambda r: r.start):
+        if end is None or r.start >= end:
+            covered += r.end - r.start
+            end = r.end
+        elif r.end > end:
+            covered += r.end - end
+            end = r.end
+    return covered
+
+
+def _hf_path(hf, prompts, new, static):
+    import torch
+
+    kwargs = dict(max_new_tokens=new, min_new_tokens=new, do_sample=True, top_k=TOP_K,
+                  temperature=1.0, eos_token_id=None, pad_token_id=0)
+    if static:
+        kwargs["cache_implementation"] = "static"
+
+    def run():
+        with torch.no_grad():
+            return hf.generate(prompts, **kwargs)
+
+    return run
+
+
+def _lab_path(hf, prompts, new, attention, eos_id):
+    from ws_lab.rollout.loop import generate
+    from ws_lab.rollout.model import DecodeModel
+    from ws_lab.rollout.sampling import Sampling
+
+    model = DecodeModel(hf, prompts.shape[0], prompts.shape[1] + new, attention)
+
+    def run(progress=None):
+        return generate(model, prompts, new, Sampling(temperature=1.0, top_k=TOP_K), eos_id,
+                        check_every=32, progress=progress)
+
+    return run
+
+
+def measure(hf, prompts, new, paths):
+    import torch
+
+    from ws_lab.rollout.config import QWEN25_05B
+
+    no_eos = QWEN25_05B["vocab_size"]  # an id never sampled: no early stop
+    with torch.no_grad():  # the prefill, timed alone, is subtracted from HF's totals
+        hf(prompts, logits_to_keep=1)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        hf(prompts, logits_to_keep=1)
+        torch.cuda.synchronize()
+        prefill_s = time.perf_counter() - start
+    results = {}
+    for path in paths:
+        with cli.status(f"{path}: warm-up run (compiles)"):
+            if path.startswith("hf"):
+                run = _hf_path(hf, prompts, new, static=path == "hf-static")
+                run()
+            else:
+                run = _lab_path(hf, prompts, new, path.split("-")[1], no_eos)
+                run()
+        update, close = _progress(new - 2, path)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        out = run(update) if path.startswith("lab") else run()
+        torch.cuda.synchronize()
+        close()
+        if path.startswith("lab"):
+            ms = out.ms_per_step
+        else:
+            ms = 1e3 * (time.perf_counter() - start - prefill_s) / (new - 1)
+        results[path] = dict(ms=ms, busy=_busy_fraction(run))
+        print(f"{path}: {ms:.3f} ms per decode step", file=sys.stderr, flush=True)
+    return results, prefill_s
+
+
+def floor_ms(hf, batch, prompt, new, copy_gbps):
+    """Weights read once a step plus the mean K/V a step reads, over the copy bandwidth."""
+    cfg = hf.config
+    weights = sum(p.numel() * p.element_size() for p in hf.parameters())
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    mean_ctx = prompt + new / 2
+    kv = 2 * cfg.num_hidden_layers * batch * cfg.num_key_value_heads * mean_ctx * head_dim * 2
+    return (weights + kv) / (copy_gbps * 1e9) * 1e3, weights, kv
+
+
+def grpo_step(hf, args, copy_gbps):
+    """One Dr. GRPO step on the arithmetic task: the fused loop's rollout, the log-probs of
+    policy and reference, one AdamW step with clipping; prints the breakdown."""
+    import copy
+
+    import torch
+
+    from ws_lab.rollout import grpo
+    from ws_lab.rollout.task import ArithmeticTask
+
+    group = 8
+    task = ArithmeticTask(hf.config.vocab_size, prompt_len=args.prompt)
+    prompts, operands = task.prompts(args.batch // group, "cuda")
+    prompts = prompts.repeat_interleave(group, dim=0)
+    operands = operands.repeat_interleave(group, dim=0)
+    policy, reference = hf, copy.deepcopy(hf).eval()
+    rollout_run = _lab_path(policy, prompts, args.new, "fused", task.eos_id)
+    rollout_run()  # warm-up
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    out = rollout_run()
+    torch.cuda.synchronize()
+    generate_s = time.perf_counter() - start
+    rewards = task.rewards(operands, out.tokens.cpu())
+    policy.train()
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-6)
+    report = grpo.update(policy, reference, optimizer, prompts, out.tokens, rewards, group,
+                         task.eos_id)[0]
+    policy.eval()
+    total = generate_s + report.logprob_s + report.update_s
+    print(f"\nDr. GRPO step ({args.batch} sequences = {args.batch // group} prompts × {group}, "
+          f"{args.prompt} + {args.new} tokens):")
+    print("| phase | s | share |\n|---|---|---|")
+    for name, s in (("generate (lab loop, fused)", generate_s),
+                    ("log-probs (policy + reference)", report.logprob_s),
+                    ("update (forward + backward + AdamW)", report.update_s)):
+        print(f"| {name} | {s:.3f} | {100 * s / total:.1f} % |")
+    print(f"| total | {total:.3f} | |")
+    print(f"loss {report.loss:.4f}, ratio {report.ratio:.6f}, k3 KL {report.kl:.2e}, "
+          f"grad norm {report.grad_norm:.3f}, mean reward {rewards.mean():.3f}")
+
+
+def _main(argv):
+    args = _parser().parse_args(argv)
+    paths = [p for p in args.paths.split(",") if p]
+    known = {"hf-dynamic", "hf-static", "lab-sdpa", "lab-fused"}
+    if not paths or set(paths) - known:
+        raise cli.UsageError(f"--paths takes a comma-separated subset of {sorted(known)}")
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        raise cli.UsageError("the rollout needs transformers: pip install -e '.[rollout]'") from None
+    import torch
+
+    if not torch.cuda.is_available():
+        print("no CUDA device: the rollout bench times a GPU decode loop; nothing to do here "
+              "(the CPU tests in tests/cpu/test_rollout.py run the same loop on a small model)")
+        return
+    from ws_lab import bench_paged
+    from ws_lab.rollout import config
+
+    copy_gbps = bench_paged.copy_bandwidth_gbps()
+    hf = config.random_model(config.qwen2_config(), torch.bfloat16, "cuda")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    prompts = torch.randint(0, hf.config.vocab_size, (args.batch, args.prompt), generator=gen,
+                            device="cuda")
+    results, prefill_s = measure(hf, prompts, args.new, paths)
+    floor, weights, kv = floor_ms(hf, args.batch, args.prompt, args.new, copy_gbps)
+    print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}, copy {copy_gbps:.0f} "
+          f"GB/s; B {args.batch}, {args.prompt} + {args.new} tokens; prefill {1e3 * prefill_s:.1f}"
+          f" ms (excluded)\n")
+    print("| path | ms per decode step | tokens/s | GPU busy | × HF static |")
+    print("|---|---|---|---|---|")
+    static = results.get("hf-static", {}).get("ms")
+    for path, r in results.items():
+        busy = "n/a" if r["busy"] is None else f"{100 * r['busy']:.0f} %"
+        gap = f"{static / r['ms']:.2f}" if static else "n/a"
+        print(f"| {path} | {r['ms']:.3f} | {args.batch * 1e3 / r['ms']:,.0f} | {busy} | {gap} |")
+    print(f"| HBM floor ({weights / 1e9:.2f} GB weights + {kv / 1e9:.3f} GB mean K/V) | "
+          f"{floor:.3f} | | | |")
+    if args.grpo:
+        grpo_step(hf, args, copy_gbps)
+
+
+def main(argv=None):
+    cli.main(_main, argv, "bench/rollout.py")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""The rollout on the CPU (small random Qwen2 models, fp32, the SDPA path): greedy decoding
+equals HF generate token for token, sampling keeps to its top-k / top-p sets, the loop stops on
+EOS, the arithmetic verifier scores, and the seed's Dr. GRPO sanity checks."""
+import copy
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from ws_lab.rollout import config, grpo  # noqa: E402
+from ws_lab.rollout.loop import generate  # noqa: E402
+from ws_lab.rollout.model import DecodeModel  # noqa: E402
+from ws_lab.rollout.sampling import Sampling, sample  # noqa: E402
+from ws_lab.rollout.task import EOS, ArithmeticTask  # noqa: E402
+
+STEPS = 32
+
+
+@pytest.fixture(scope="module")
+def hf():
+    return config.random_model(config.qwen2_config(config.TINY), torch.float32, "cpu")
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(4, 2), (4, 4)])
+def test_greedy_decoding_equals_hf_generate(heads, kv_heads):
+    model = config.random_model(config.qwen2_config(config.TINY, num_attention_heads=heads,
+                                                    num_key_value_heads=kv_heads),
+                                torch.float32, "cpu", seed=heads + kv_heads)
+    prompts = torch.randint(0, model.config.vocab_size, (3, 11))
+    no_eos = model.config.vocab_size + 1
+    lab = generate(DecodeModel(model, 3, 64, attention="sdpa"), prompts, STEPS,
+                   Sampling(temperature=0), eos_id=no_eos)
+    ref = model.generate(prompts, max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False,
+                         eos_token_id=None, pad_token_id=0)[:, prompts.shape[1]:]
+    assert torch.equal(lab.tokens, ref)
+    assert len(set(ref.flatten().tolist())) > 5  # a model whose tokens vary, not one repeated id
+
+
+def test_sampling_keeps_to_top_k_and_top_p():
+    logits = torch.randn(64, 50)
+    assert torch.equal(sample(logits, Sampling(temperature=1.0, top_k=1)), logits.argmax(-1))
+    assert torch.equal(sample(logits, Sampling(temperature=1.0, top_p=1e-6)), logits.argmax(-1))
+    picks = sample(logits, Sampling(temperature=2.0, top_k=5))
+    top5 = logits.topk(5).indices
+    assert bool((picks[:, None] == top5).any(dim=1).all())
+    draws = torch.stack([sample(logits, Sampling(temperature=1.0)) for _ in range(8)])
+    assert (draws != draws[0]).any()  # it samples
+
+
+def test_the_loop_stops_once_every_sequence_has_finished(hf):
+    prompts = torch.randint(0, hf.config.vocab_size, (2, 5))
+    forced = torch.full((2, 40), 7)
+    forced[:, 3:] = EOS
+    out = generate(DecodeModel(hf, 2, 64, attention="sdpa"), prompts, 40, Sampling(), EOS,
+                   check_every=4, forced=forced)
+    assert out.steps == 4  # the host looked at step 4, found every sequence finished
+    assert out.tokens[:, :3].eq(7).all() and out.tokens[:, 3:].eq(EOS).all()
+
+
+def test_arithmetic_verifier():
+    task = ArithmeticTask(vocab_size=96, prompt_len=20, digits=2)
+    prompts, operands = task.prompts(3)
+    assert prompts.shape == (3, 20) and prompts[:, -1].eq(11).all()
+    answers = [[int(c) for c in str(a + b)] for a, b in operands.tolist()]
+    right = torch.tensor([answers[0] + [EOS] + [0] * (6 - len(answers[0])),
+                          [9, 9, 9, 9, EOS, 0, 0], answers[2] + [4] * (7 - len(answers[2]))])
+    assert task.rewards(operands, right).tolist() == [1.0, 0.0, 0.0]
+
+
+def test_completion_mask_keeps_a_row_without_eos_whole():
+    completions = torch.tensor([[5, 6, EOS, 7, EOS], [5, 6, 7, 8, 9], [EOS, 1, 2, 3, 4]])
+    assert grpo.completion_mask(completions, EOS).tolist() == [
+        [1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]]
+
+
+def test_logprob_at_t_equals_a_manual_forward(hf):
+    prompts = torch.randint(0, hf.config.vocab_size, (2, 7))
+    completions = torch.randint(0, hf.config.vocab_size, (2, 6))
+    logp = grpo.token_logprobs(hf, prompts, completions, micro_batch=1)
+    for t in range(completions.shape[1]):
+        ids = torch.cat([prompts, completions[:, :t]], dim=1)
+        manual = torch.log_softmax(hf(ids).logits[:, -1].float(), dim=-1)
+        expect = manual.gather(-1, completions[:, t:t + 1])[:, 0]
+        torch.testing.assert_close(logp[:, t], expect, rtol=1e-5, atol=1e-5)
+
+
+def _update(hf, rewards, inner_steps=1):
+    policy, reference = copy.deepcopy(hf), copy.deepcopy(hf)
+    prompts = torch.randint(0, hf.config.vocab_size, (4, 6))
+    completions = torch.randint(0, hf.config.vocab_size, (4, 5))
+    completions[0, 2] = EOS
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
+    return grpo.update(policy, reference, optimizer, prompts, completions, torch.tensor(rewards),
+                       group=2, eos_id=EOS, inner_steps=inner_steps, micro_batch=2)
+
+
+def test_ratio_is_exactly_one_on_inner_step_zero(hf):
+    reports = _update(hf, [1.0, 0.0, 0.0, 1.0], inner_steps=2)
+    assert reports[0].ratio == 1.0
+    assert reports[1].ratio != 1.0  # the first step moved the policy
+
+
+def test_loss_is_zero_when_every_advantage_is_zero(hf):
+    report = _update(hf, [1.0, 1.0, 0.0, 0.0])[0]  # each group's rewards equal: A = 0
+    assert report.loss == 0.0 and report.kl == 0.0  # policy == reference at step 0: k3 = 0
+
+
+def test_advantages_are_centred_per_group_without_std():
+    adv = grpo.advantages(torch.tensor([1.0, 0.0, 0.0, 0.0, 3.0, 1.0]), group=3)
+    torch.testing.assert_close(adv, torch.tensor([2 / 3, -1 / 3, -1 / 3, -4 / 3, 5 / 3, -1 / 3]))

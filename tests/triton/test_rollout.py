@@ -1,0 +1,49 @@
+"""The lab's decode loop on the GPU, Qwen2.5-0.5B's architecture (random weights, bf16): fed
+the same 256 tokens (teacher forcing), the fused-kernel loop's logits match the SDPA loop's at
+every step (rel-L2 ≤ LOGITS_TOLERANCE: bf16 through 24 layers, RoPE rounded in fp32 by the
+kernel and in bf16 by torch), and the SDPA loop's match HF's own forward over the same tokens."""
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from ws_lab import oracle  # noqa: E402
+from ws_lab.rollout import config  # noqa: E402
+from ws_lab.rollout.loop import generate  # noqa: E402
+from ws_lab.rollout.model import DecodeModel  # noqa: E402
+from ws_lab.rollout.sampling import Sampling  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+LOGITS_TOLERANCE = 3e-2
+BATCH, PROMPT, NEW = 4, 200, 256
+
+
+@pytest.fixture(scope="module")
+def runs():
+    hf = config.random_model(config.qwen2_config(), torch.bfloat16, "cuda")
+    vocab = hf.config.vocab_size
+    prompts = torch.randint(0, vocab, (BATCH, PROMPT), device="cuda")
+    forced = torch.randint(0, vocab, (BATCH, NEW), device="cuda")
+    out = {}
+    for attention in ("sdpa", "fused"):
+        model = DecodeModel(hf, BATCH, PROMPT + NEW, attention)
+        out[attention] = generate(model, prompts, NEW, Sampling(temperature=0), eos_id=vocab,
+                                  forced=forced, keep_logits=True)
+        del model
+    with torch.no_grad():
+        out["hf"] = hf(torch.cat([prompts, forced], dim=1)).logits[:, PROMPT - 1:-1].float()
+    out["forced"] = forced
+    return out
+
+
+def test_fused_loop_logits_match_the_sdpa_loop_at_every_step(runs):
+    errors = [oracle.rel_l2(runs["fused"].logits[:, t], runs["sdpa"].logits[:, t])
+              for t in range(NEW)]
+    assert max(errors) <= LOGITS_TOLERANCE, (max(errors), errors.index(max(errors)))
+    assert torch.equal(runs["fused"].tokens, runs["forced"])
+
+
+def test_sdpa_loop_logits_match_hf_forward(runs):
+    errors = [oracle.rel_l2(runs["sdpa"].logits[:, t], runs["hf"][:, t]) for t in range(NEW)]
+    assert max(errors) <= LOGITS_TOLERANCE, (max(errors), errors.index(max(errors)))

@@ -1,0 +1,13 @@
+"""The RL rollout around the fused decode kernel: a Qwen2 decode loop that owns the whole step
+(one CUDA graph per step, positions and the finished state on the device, sampling on the
+device) over a Hugging Face ``Qwen2ForCausalLM``'s weights, and the Dr. GRPO step around it.
+
+  config.py   Qwen2.5-0.5B's architecture, in one place (random init: nothing is downloaded)
+  model.py    the lab's decode forward over the HF weights (fused or SDPA attention)
+  sampling.py greedy / temperature / top-k / top-p on the device
+  loop.py     prefill through HF, then the captured decode step, stopping checked every N steps
+  task.py     the synthetic arithmetic task and its verifier (prompts generated, no dataset)
+  grpo.py     Dr. GRPO: completion mask, log-probs, clipped loss, k3 KL, one optimizer step
+
+Needs ``transformers`` (``pip install -e ".[rollout]"``).
+"""

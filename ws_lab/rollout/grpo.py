@@ -1,0 +1,106 @@
+"""Dr. GRPO (Liu et al., "Understanding R1-Zero-Like Training"): GRPO without the two biases —
+advantages are rewards minus the group mean (no division by the group's std), and a response's
+loss is the sum over its tokens (no division by its length), averaged over responses.
+
+Per token t of response i: ratio = exp(logp − logp_old); loss = −min(ratio · A_i,
+clip(ratio, 1 − ε, 1 + ε) · A_i) + β · k3, with the k3 estimator of KL to a frozen reference,
+k3 = exp(ref − logp) − (ref − logp) − 1. Tokens count up to and including a response's first
+EOS; a response with no EOS keeps every token (the seed's fallback).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+
+def completion_mask(completions: torch.Tensor, eos_id: int) -> torch.Tensor:
+    """(B, C) 1.0 up to and including the first EOS; all ones where there is no EOS."""
+    is_eos = completions == eos_id
+    first = torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1),
+                        torch.full_like(is_eos[:, 0], completions.shape[1], dtype=torch.long))
+    steps = torch.arange(completions.shape[1], device=completions.device)
+    return (steps[None, :] <= first[:, None]).float()
+
+
+def token_logprobs(model, prompts: torch.Tensor, completions: torch.Tensor,
+                   micro_batch: int = 8) -> torch.Tensor:
+    """log p(completion token t | prompt, completion[:t]) (B, C): one forward over prompt +
+    completion, the logits at positions P − 1 … P + C − 2, only those through the lm_head."""
+    length = prompts.shape[1]
+    rows = []
+    for start in range(0, prompts.shape[0], micro_batch):
+        ids = torch.cat([prompts, completions], dim=1)[start:start + micro_batch]
+        hidden = model.model(ids).last_hidden_state[:, length - 1:-1]
+        logits = model.lm_head(hidden).float()
+        target = completions[start:start + micro_batch]
+        rows.append(torch.log_softmax(logits, dim=-1).gather(-1, target[..., None])[..., 0])
+    return torch.cat(rows)
+
+
+def advantages(rewards: torch.Tensor, group: int) -> torch.Tensor:
+    """Rewards minus their group's mean (groups of ``group`` consecutive responses); no std."""
+    grouped = rewards.view(-1, group)
+    return (grouped - grouped.mean(dim=1, keepdim=True)).flatten()
+
+
+def loss(logp, logp_old, logp_ref, adv, mask, clip_eps: float = 0.2, beta: float = 0.04):
+    """The Dr. GRPO loss and its parts: (loss, mean ratio over masked tokens, mean k3 KL)."""
+    ratio = torch.exp(logp - logp_old)
+    surrogate = torch.minimum(ratio * adv[:, None],
+                              torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv[:, None])
+    log_ref_ratio = logp_ref - logp
+    kl = torch.exp(log_ref_ratio) - log_ref_ratio - 1
+    per_token = (-surrogate + beta * kl) * mask
+    total = per_token.sum(dim=1).mean()
+    tokens = mask.sum().clamp_min(1)
+    return total, (ratio * mask).sum() / tokens, (kl * mask).sum() / tokens
+
+
+@dataclass
+class StepReport:
+    logprob_s: float
+    update_s: float
+    loss: float
+    ratio: float
+    kl: float
+    grad_norm: float
+
+
+def update(policy, reference, optimizer, prompts, completions, rewards, group: int, eos_id: int,
+           *, inner_steps: int = 1, clip_eps: float = 0.2, beta: float = 0.04,
+           max_grad_norm: float = 1.0, micro_batch: int = 8) -> list[StepReport]:
+    """The Dr. GRPO update after a rollout: old and reference log-probs once, then
+    ``inner_steps`` optimizer steps (gradient clipping each), micro-batched backward passes.
+    Returns one report per inner step (inner step 0's ratio is exactly 1)."""
+    sync = torch.cuda.synchronize if prompts.is_cuda else (lambda: None)
+    start = time.perf_counter()
+    mask = completion_mask(completions, eos_id)
+    adv = advantages(rewards.to(mask.device), group)
+    with torch.no_grad():
+        logp_old = token_logprobs(policy, prompts, completions, micro_batch)
+        logp_ref = token_logprobs(reference, prompts, completions, micro_batch)
+    sync()
+    logprob_s = time.perf_counter() - start
+    reports = []
+    batch = prompts.shape[0]
+    for _ in range(inner_steps):
+        start = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        parts = []
+        for lo in range(0, batch, micro_batch):
+            hi = min(lo + micro_batch, batch)
+            logp = token_logprobs(policy, prompts[lo:hi], completions[lo:hi], micro_batch)
+            value, ratio, kl = loss(logp, logp_old[lo:hi], logp_ref[lo:hi], adv[lo:hi],
+                                    mask[lo:hi], clip_eps, beta)
+            (value * (hi - lo) / batch).backward()  # the mean over responses, across slices
+            parts.append((value.item() * (hi - lo), ratio.item(), kl.item()))
+        grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm)
+        optimizer.step()
+        sync()
+        reports.append(StepReport(logprob_s, time.perf_counter() - start,
+                                  sum(p[0] for p in parts) / batch,
+                                  sum(p[1] for p in parts) / len(parts),
+                                  sum(p[2] for p in parts) / len(parts), float(grad_norm)))
+    return reports

@@ -1,0 +1,117 @@
+"""The decode loop that owns the whole step, as gpt-fast, vLLM and SGLang do.
+
+Prefill through the HF model; the first token sampled from its logits; then each step — the
+lab's forward, sampling, the EOS / finished bookkeeping, the token written into the output —
+runs from device state alone (tokens, positions, finished, the step counter), so on CUDA it is
+captured once as one CUDA graph and replayed per token. The host looks at "all finished" only
+every ``check_every`` steps (one sync there, none inside a step).
+
+``forced`` (B, max_new) replaces every sampled token (teacher forcing: two loops fed the same
+tokens can be compared logit for logit); ``keep_logits`` returns each step's logits.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ws_lab.rollout.model import DecodeModel
+from ws_lab.rollout.sampling import Sampling, sample
+
+
+DECODE_RANGE = "ws_lab.rollout.decode"  # torch.profiler range around the timed steps
+
+
+@dataclass
+class Rollout:
+    tokens: torch.Tensor  # (B, max_new) int64, EOS after a sequence finished
+    steps: int  # decode steps timed (with a graph, the eager first step is not)
+    prefill_s: float
+    decode_s: float  # wall time of the timed steps (device-synchronized)
+    logits: torch.Tensor | None = None  # (B, max_new, V) fp32 with keep_logits
+
+    @property
+    def ms_per_step(self) -> float:
+        return 1e3 * self.decode_s / max(self.steps, 1)
+
+
+class _State:
+    """The step's device state; every tensor keeps its address, as graph replays need."""
+
+    def __init__(self, prompts, max_new, eos_id, keep_logits, vocab):
+        batch, dev = prompts.shape[0], prompts.device
+        self.tokens = torch.zeros(batch, dtype=torch.long, device=dev)
+        self.positions = torch.full((batch,), prompts.shape[1], dtype=torch.int32, device=dev)
+        self.finished = torch.zeros(batch, dtype=torch.bool, device=dev)
+        self.step = torch.zeros(1, dtype=torch.long, device=dev)  # column of the next token
+        self.out = torch.full((batch, max_new), eos_id, dtype=torch.long, device=dev)
+        self.logits = (torch.zeros(batch, max_new, vocab, device=dev) if keep_logits else None)
+
+
+def _record(state, logits, next_tokens, forced, eos_id):
+    """Writes the step's token (forced, or sampled; EOS once finished) and advances the state."""
+    if forced is not None:
+        next_tokens = forced.index_select(1, state.step).squeeze(1)
+    next_tokens = torch.where(state.finished, torch.full_like(next_tokens, eos_id), next_tokens)
+    state.out.index_copy_(1, state.step, next_tokens[:, None])
+    if state.logits is not None:
+        state.logits.index_copy_(1, state.step, logits[:, None].float())
+    state.finished |= next_tokens == eos_id
+    state.tokens.copy_(next_tokens)
+    state.step += 1
+
+
+@torch.no_grad()
+def generate(model: DecodeModel, prompts: torch.Tensor, max_new: int, sampling: Sampling,
+             eos_id: int, *, check_every: int = 16, graph: bool | None = None,
+             forced: torch.Tensor | None = None, keep_logits: bool = False,
+             progress=None) -> Rollout:
+    """Generates up to ``max_new`` tokens after equal-length ``prompts`` (B, P). ``graph``:
+    capture the step as a CUDA graph (default: on CUDA). ``progress(n)`` is told of each
+    step."""
+    import time
+
+    if prompts.shape[1] + max_new > model.capacity:
+        raise ValueError(f"{prompts.shape[1]} prompt + {max_new} new tokens exceed the cache's "
+                         f"{model.capacity} positions")
+    cuda = prompts.is_cuda
+    graph = cuda if graph is None else graph
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    state = _State(prompts, max_new, eos_id, keep_logits, model.lm_head.shape[0])
+    start = time.perf_counter()
+    logits = model.prefill(prompts)
+    _record(state, logits, sample(logits, sampling), forced, eos_id)
+    sync()
+    prefill_s = time.perf_counter() - start
+
+    def step():
+        step_logits = model.step(state.tokens, state.positions)
+        _record(state, step_logits, sample(step_logits, sampling), forced, eos_id)
+        state.positions += 1
+
+    run, done = step, 0
+    if max_new > 1 and graph:  # the first step runs eagerly (compiles, allocates), then capture
+        run()
+        done = 1
+        run = _capture(step)
+    sync()
+    start, timed_from = time.perf_counter(), done
+    with torch.profiler.record_function(DECODE_RANGE):  # the replays, for a profiler's window
+        while done < max_new - 1:
+            run()
+            done += 1
+            if progress:
+                progress(1)
+            if done % check_every == 0 and bool(state.finished.all()):
+                break
+        sync()
+    return Rollout(state.out, done - timed_from, prefill_s, time.perf_counter() - start,
+                   state.logits)
+
+
+def _capture(step):
+    """The step as one CUDA graph; returns its replay."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph.replay

@@ -1,0 +1,130 @@
+"""The lab's decode forward for a Hugging Face ``Qwen2ForCausalLM``, over the model's own weights.
+
+One step takes each sequence's last token and position (device tensors) and returns the next
+logits: embedding, per layer (residual add + RMSNorm, one q|k|v GEMM, attention, o GEMM,
+residual add + RMSNorm, one gate|up GEMM, SwiGLU, down GEMM), final norm, lm_head. Nothing in it
+reads a value on the host, so the whole step captures as one CUDA graph.
+
+Attention is ``"fused"`` (kernels/fused_decode.py: RoPE, the cache write and attention over
+[0, position] in one launch) or ``"sdpa"`` (HF's path: RoPE in torch, a scatter into the static
+cache, SDPA over the whole cache under a mask). Both keep HF StaticCache's layout, per layer
+(B, Hkv, Lmax, D), filled from the prefill that runs through the model's own forward.
+"""
+from __future__ import annotations
+
+import inspect
+
+import torch
+import torch.nn.functional as F
+
+from ws_lab import registry
+
+ATTENTION = ("fused", "sdpa")
+
+
+class DecodeModel:
+    def __init__(self, hf_model, batch: int, capacity: int, attention: str = "fused"):
+        if attention not in ATTENTION:
+            raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")
+        cfg = hf_model.config
+        self.hf, self.attention, self.capacity = hf_model, attention, capacity
+        self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
+        self.eps = cfg.rms_norm_eps
+        self.ops = registry.decode("layer_ops")
+        self.fused = registry.decode("fused") if attention == "fused" else None
+        weight = next(hf_model.parameters())
+        self.dtype, self.device = weight.dtype, weight.device
+        inner = hf_model.model
+        self.embed = inner.embed_tokens.weight
+        self.norm = inner.norm.weight
+        self.lm_head = hf_model.lm_head.weight
+        self.layers = [self._fuse(layer) for layer in inner.layers]
+        shape = (len(self.layers), batch, self.kv_heads, capacity, self.head_dim)
+        self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.v_cache = torch.zeros_like(self.k_cache)
+        positions = torch.arange(capacity, device=self.device)[None]
+        cos, sin = inner.rotary_emb(self.k_cache[0, :1, 0], positions)  # HF's own tables
+        self.cos, self.sin = cos[0].contiguous(), sin[0].contiguous()  # (Lmax, D)
+
+    @staticmethod
+    def _fuse(layer):
+        """One q|k|v and one gate|up weight per layer: two GEMMs where HF runs five."""
+        att, mlp = layer.self_attn, layer.mlp
+        return dict(
+            norm_in=layer.input_layernorm.weight, norm_post=layer.post_attention_layernorm.weight,
+            qkv_w=torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight]).detach(),
+            qkv_b=torch.cat([att.q_proj.bias, att.k_proj.bias, att.v_proj.bias]).detach(),
+            o_w=att.o_proj.weight,
+            gate_up_w=torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach(),
+            down_w=mlp.down_proj.weight)
+
+    @torch.no_grad()
+    def prefill(self, prompts: torch.Tensor) -> torch.Tensor:
+        """Runs the prompts (B, P) through the HF model, copies its K/V (already rotated) into
+        the static caches, returns the last position's logits (B, V)."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        # transformers renames past_key_values to cache (5.2x deprecates the old name)
+        name = "cache" if "cache" in inspect.signature(self.hf.forward).parameters else "past_key_values"
+        out = self.hf(prompts, use_cache=True, logits_to_keep=1, **{name: cache})
+        length = prompts.shape[1]
+        for i, layer in enumerate(cache.layers):
+            self.k_cache[i, :, :, :length] = layer.keys
+            self.v_cache[i, :, :, :length] = layer.values
+        return out.logits[:, -1].float()
+
+    @torch.no_grad()
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """tokens (B,) int64 at positions (B,) int32 -> logits (B, V) in the model's dtype (a
+        float32 copy of B × 151936 logits is a 39 MB pass of its own); writes each layer's cache
+        at the positions."""
+        batch = tokens.shape[0]
+        q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        hidden = F.embedding(tokens, self.embed)
+        residual = None
+        rope = None if self.fused else self._sdpa_rope(positions)
+        for i, w in enumerate(self.layers):
+            if residual is None:
+                residual = hidden
+                normed = self.ops.add_rmsnorm(hidden, w["norm_in"], self.eps)
+            else:
+                normed = self.ops.add_rmsnorm(hidden, w["norm_in"], self.eps, residual)
+            qkv = torch.addmm(w["qkv_b"], normed, w["qkv_w"].t())
+            q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+            q = q.reshape(batch, self.heads, self.head_dim)
+            k = k.reshape(batch, self.kv_heads, self.head_dim)
+            v = v.reshape(batch, self.kv_heads, self.head_dim)
+            attn = self._attend(i, q, k, v, positions, rope)
+            hidden = attn.reshape(batch, q_size) @ w["o_w"].t()
+            normed = self.ops.add_rmsnorm(hidden, w["norm_post"], self.eps, residual)
+            hidden = self.ops.silu_mul(normed @ w["gate_up_w"].t()) @ w["down_w"].t()
+        normed = self.ops.add_rmsnorm(hidden, self.norm, self.eps, residual)
+        return normed @ self.lm_head.t()
+
+    def _attend(self, i, q, k, v, positions, rope):
+        if self.fused:
+            return self.fused.fused_decode_attention(q, k, v, self.k_cache[i], self.v_cache[i],
+                                                     self.cos, self.sin, positions)
+        cos, sin, rows, mask = rope
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        self.k_cache[i][rows, :, positions.long()] = k
+        self.v_cache[i][rows, :, positions.long()] = v
+        out = F.scaled_dot_product_attention(q[:, :, None], self.k_cache[i], self.v_cache[i],
+                                             attn_mask=mask, enable_gqa=self.heads != self.kv_heads)
+        return out[:, :, 0]
+
+    def _sdpa_rope(self, positions):
+        """What HF builds once per step and every layer shares: cos / sin at the positions, the
+        batch rows, and the mask over the static cache (token t visible iff t ≤ position)."""
+        pos = positions.long()
+        mask = torch.arange(self.capacity, device=pos.device)[None, :] <= pos[:, None]
+        rows = torch.arange(pos.shape[0], device=pos.device)
+        return self.cos[pos][:, None], self.sin[pos][:, None], rows, mask[:, None, None]
+
+
+def _rotate(x, cos, sin):
+    """HF's apply_rotary_pos_emb on one of q / k: x·cos + rotate_half(x)·sin."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
