@@ -51,7 +51,7 @@ def bundle(name: str) -> str:
     if name not in names():
         raise ValueError(f"unknown repro {name!r}; known: {', '.join(names())}")
     mod = importlib.import_module(f"ws_lab.upstream.{name}")
-    ok, actual = mod.check()
+    result = mod.check()
     source = mod.lower()
     shows = getattr(mod, "EXCERPT", _EXCERPT)
     body = source[source.rfind("__global__"):]
@@ -80,7 +80,7 @@ Related: {mod.UPSTREAM}
 {mod.EXPECTED}
 
 ## Actual
-{actual}{"  (fixed in this version)" if ok else ""}{measured}
+{result.outcome.value}: {result.detail}{measured}
 
 ## Workaround in ws-lab
 {mod.WORKAROUND}

@@ -245,6 +245,9 @@ FUSED = [
     ("scale zero", dict(softmax_scale=0.0), ValueError, "softmax_scale must be finite"),
     ("cpu without the interpreter", dict(out=torch.empty(2, 14, 64).half()), ValueError,
      "CPU tensors only under TRITON_INTERPRET=1"),
+    ("positions on another device", dict(positions=torch.zeros(2, dtype=torch.int32,
+                                                                device="meta")), ValueError,
+     "inputs are on different devices"),
 ]
 
 

@@ -162,32 +162,29 @@ def test_every_rewrite_names_its_pass():
     assert str(report[0]).startswith("[fence_after_wait] main_kernel:")
 
 
-def test_bench_json_without_a_gpu_writes_the_static_report(tmp_path):
+def _static_json(tmp_path, script, *argv):
+    """Runs a bench script with --json on a machine without a GPU; its static-report records."""
     _no_gpu()
-    out = tmp_path / "mha.json"
-    done = _run("bench/mha.py", "--shape", "gpt2-d64", "--json", str(out))
+    out = tmp_path / "report.json"
+    done = _run(script, *argv, "--json", str(out))
     assert done.returncode == 0, done.stderr[-2000:]
-    records = json.loads(out.read_text())["static_report"]
+    return json.loads(out.read_text())["static_report"], done
+
+
+def test_bench_json_without_a_gpu_writes_the_static_report(tmp_path):
+    records, _ = _static_json(tmp_path, "bench/mha.py", "--shape", "gpt2-d64")
     assert [r["kernel"] for r in records] == ["triton-mha"]
     assert "SASS summary" in records[0]["report"]
 
 
 def test_paged_static_report_takes_the_block_size(tmp_path):
-    _no_gpu()
-    out = tmp_path / "paged.json"
-    done = _run("bench/paged.py", "--block-size", "32", "--json", str(out))
-    assert done.returncode == 0, done.stderr[-2000:]
-    records = json.loads(out.read_text())["static_report"]
+    records, _ = _static_json(tmp_path, "bench/paged.py", "--block-size", "32")
     assert records and {r["block_size"] for r in records} == {32}
     assert "BLOCK_SIZE': 32" in records[0]["report"]
 
 
 def test_decode_bench_without_a_gpu_writes_the_fused_kernels_static_report(tmp_path):
-    _no_gpu()
-    out = tmp_path / "decode.json"
-    done = _run("bench/decode.py", "--row", "qwen", "--json", str(out))
-    assert done.returncode == 0, done.stderr[-2000:]
-    records = json.loads(out.read_text())["static_report"]
+    records, done = _static_json(tmp_path, "bench/decode.py", "--row", "qwen")
     assert [(r["heads"], r["kv_heads"], r["head_dim"]) for r in records] == [(14, 2, 64)]
     assert "fused_decode" in records[0]["report"] and "compiling fused_decode" in done.stderr
 

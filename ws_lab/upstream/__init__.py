@@ -1,12 +1,62 @@
 """Minimal kernels pinning TileLang behaviours the lab works around (one module per issue).
 
 Each module gives ``kernel()`` (the ≤ 60-line prim_func builder; its source goes into the repro
-bundle), ``check() -> (ok, actual)`` (ok once TileLang behaves as expected), ``EXPECTED``,
+bundle), ``check() -> Result`` (one of three outcomes, below), ``EXPECTED``,
 ``WORKAROUND``, ``TITLE`` and ``UPSTREAM``; optionally ``EXCERPT`` (a regex: the emitted lines the
 bundle quotes) and ``run() -> str`` (what the kernel computes on a GPU; the bundle adds it when
 one is present). ``tests/upstream`` asserts ``check()`` (and ``run()`` on a GPU) under strict
 xfail; ``python -m ws_lab.repro NAME`` writes the bundle to paste into a TileLang issue.
+
+A check reads the emitted code for the bug's signature and says one of three things: the
+signature is there (``Outcome.BUG``), the code shows the expected form (``Outcome.FIXED``), or
+neither can be found (``Outcome.MISSING``: codegen changed, so the pin must be rechecked). The
+tests turn them into a ``StillBroken`` (the only exception their strict xfail accepts), a pass
+(a strict xfail then fails as XPASS: the fix is reported), or a ``SignatureMissing`` error —
+so neither a fix nor a change of codegen can hide behind the xfail.
 """
+import enum
+from dataclasses import dataclass
+
+
+class Outcome(enum.Enum):
+    BUG = "bug signature found"
+    FIXED = "fixed"
+    MISSING = "signature missing"
+
+
+@dataclass(frozen=True)
+class Result:
+    outcome: Outcome
+    detail: str
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome is Outcome.FIXED
+
+
+class StillBroken(AssertionError):
+    """The pin's bug signature is in the emitted code (what a strict xfail expects)."""
+
+
+class SignatureMissing(RuntimeError):
+    """Neither the bug's signature nor the fixed form is in the emitted code."""
+
+
+def verdict(bug: bool, fixed: bool, detail: str) -> Result:
+    """The outcome from two readings of the code; a reading that finds neither is MISSING."""
+    if fixed and not bug:
+        return Result(Outcome.FIXED, detail)
+    if bug and not fixed:
+        return Result(Outcome.BUG, detail)
+    return Result(Outcome.MISSING, detail)
+
+
+def expect_fixed(result: Result) -> None:
+    """Raises StillBroken or SignatureMissing unless the check found the fixed form."""
+    if result.outcome is Outcome.BUG:
+        raise StillBroken(result.detail)
+    if result.outcome is Outcome.MISSING:
+        raise SignatureMissing(f"codegen changed: recheck this pin ({result.detail})")
 
 
 def lower_sm90a(prim_func, pass_configs) -> str:

@@ -14,7 +14,7 @@ import re
 import tilelang.language as T
 from tilelang.layout import make_swizzled_layout
 
-from ws_lab.upstream import lower_sm90a
+from ws_lab.upstream import lower_sm90a, verdict
 
 TITLE = "a wgmma over a K-slice overrides the buffer's annotated swizzled layout"
 UPSTREAM = "to be filed (bundle: python -m ws_lab.repro annotated_swizzle_k_slice)"
@@ -55,11 +55,12 @@ def _descriptors(src: str) -> set[str]:
 
 
 def check():
-    """(ok, actual): ok when the one-k-step wgmma keeps the layout the full-width one gets."""
+    """Fixed when the one-k-step wgmma keeps the layout the full-width one gets; the bug is a
+    different layout. A lowering error, or no descriptor to compare, reads as changed codegen."""
     try:
-        sliced = _descriptors(lower(16))
-    except Exception as exc:  # an explicit refusal is an acceptable fix
-        return True, f"lowering refuses it: {type(exc).__name__}"
-    full = _descriptors(lower(64))
-    return sliced == full, (f"descriptor layouts: full width {sorted(full)}, "
-                            f"K-slice {sorted(sliced)}")
+        sliced, full = _descriptors(lower(16)), _descriptors(lower(64))
+    except Exception as exc:
+        return verdict(False, False, f"lowering raised {type(exc).__name__}: {exc}")
+    found = bool(sliced) and bool(full)
+    return verdict(found and sliced != full, found and sliced == full,
+                   f"descriptor layouts: full width {sorted(full)}, K-slice {sorted(sliced)}")

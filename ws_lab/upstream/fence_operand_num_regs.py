@@ -9,7 +9,7 @@ import re
 
 import tilelang.language as T
 
-from ws_lab.upstream import lower_sm90a
+from ws_lab.upstream import lower_sm90a, verdict
 
 TITLE = "warpgroup_fence_operand without num_regs uses the logical tile size, not registers per thread"
 UPSTREAM = "to be filed (bundle: python -m ws_lab.repro fence_operand_num_regs)"
@@ -42,8 +42,10 @@ def lower():
 
 
 def check():
-    """(ok, actual): ok when the fence after the wait covers REGS_PER_THREAD registers."""
+    """Fixed when the fence after the wait covers REGS_PER_THREAD registers; the bug, more."""
     src = lower()
-    after_wait = src[src.index("wait_wgmma<0>"):]
-    counts = [int(n) for n in re.findall(r"warpgroup_fence_operand\([^;]*?,\s*(\d+)\)", after_wait)]
-    return counts[:1] == [REGS_PER_THREAD], f"fence after the wait covers {counts[:1]} registers"
+    wait = src.find("wait_wgmma<0>")
+    counts = ([int(n) for n in re.findall(r"warpgroup_fence_operand\([^;]*?,\s*(\d+)\)", src[wait:])]
+              if wait >= 0 else [])
+    return verdict(bool(counts) and counts[0] > REGS_PER_THREAD, counts[:1] == [REGS_PER_THREAD],
+                   f"fence after the wait covers {counts[:1]} registers")

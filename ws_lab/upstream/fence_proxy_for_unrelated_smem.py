@@ -12,7 +12,7 @@ import re
 
 import tilelang.language as T
 
-from ws_lab.upstream import lower_sm90a
+from ws_lab.upstream import lower_sm90a, verdict
 
 TITLE = "InjectFenceProxy fences a wgmma after a generic store to an unrelated shared buffer"
 UPSTREAM = "to be filed (bundle: python -m ws_lab.repro fence_proxy_for_unrelated_smem)"
@@ -53,8 +53,11 @@ def lower():
 
 
 def check():
-    """(ok, actual): ok when no proxy fence sits between the arrive and the wgmma."""
+    """Fixed when no proxy fence sits between the arrive and the wgmma; the bug, one or more."""
     src = lower()
-    window = src[src.index("warpgroup_arrive"):src.index("wgmma_ss")]
-    fences = len(re.findall(r"fence_proxy_async\(\)", window))
-    return fences == 0, f"{fences} fence_proxy_async() between warpgroup_arrive() and wgmma_ss"
+    arrive, wgmma = src.find("warpgroup_arrive"), src.find("wgmma_ss")
+    if arrive < 0 or wgmma < arrive:
+        return verdict(False, False, "no warpgroup_arrive() … wgmma_ss window in the code")
+    fences = len(re.findall(r"fence_proxy_async\(\)", src[arrive:wgmma]))
+    return verdict(fences > 0, fences == 0,
+                   f"{fences} fence_proxy_async() between warpgroup_arrive() and wgmma_ss")

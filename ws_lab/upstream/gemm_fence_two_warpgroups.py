@@ -11,7 +11,7 @@ import re
 
 import tilelang.language as T
 
-from ws_lab.upstream import lower_sm90a
+from ws_lab.upstream import lower_sm90a, verdict
 
 TITLE = "T.gemm over two warpgroups fences 2x the accumulator registers each thread declares"
 UPSTREAM = "to be filed (bundle: python -m ws_lab.repro gemm_fence_two_warpgroups)"
@@ -43,9 +43,13 @@ def lower():
 
 
 def check():
-    """(ok, actual): ok when no fence names more registers than ``acc`` declares."""
+    """Fixed when no fence names more registers than ``acc`` declares; the bug, one that does."""
     src = lower()
-    declared = int(re.search(r"float acc\[(\d+)\];", src).group(1))
+    match = re.search(r"float acc\[(\d+)\];", src)
     fenced = [int(n) for n in
               re.findall(r"warpgroup_fence_operand\(reinterpret_cast<float\*>\(acc \+ 0\), (\d+)\)", src)]
-    return max(fenced) <= declared, f"acc declared [{declared}], fenced with {sorted(set(fenced))}"
+    if not match or not fenced:
+        return verdict(False, False, f"declaration {bool(match)}, fences {fenced}")
+    declared = int(match.group(1))
+    return verdict(max(fenced) > declared, max(fenced) <= declared,
+                   f"acc declared [{declared}], fenced with {sorted(set(fenced))}")

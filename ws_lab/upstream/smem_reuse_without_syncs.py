@@ -12,7 +12,7 @@ guarantees it, so it keeps reuse off.) Upstream: tilelang #2416.
 import tilelang
 import tilelang.language as T
 
-from ws_lab.upstream import lower_sm90a
+from ws_lab.upstream import lower_sm90a, verdict
 
 PASS_CONFIGS = {tilelang.PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True}
 EXPECTED = ("o_s and k_s get disjoint shared memory: with automatic syncs off, TileLang cannot "
@@ -61,10 +61,12 @@ def offsets(source: str) -> dict:
 
 
 def check():
-    """(ok, actual): ok when o_s does not take the bytes of k_s, which the other warpgroup
+    """Fixed when o_s does not take the bytes of k_s, which the other warpgroup
     may still be reading (each buffer 16 KB)."""
-    source = lower()
-    off = offsets(source)
+    off = offsets(lower())
     size = 128 * 64 * 2
+    if not {"k_s", "o_s"} <= set(off):
+        return verdict(False, False, f"offsets found: {off}")
     overlap = abs(off["k_s"] - off["o_s"]) < size
-    return not overlap, f"offsets {off} (each buffer {size} B): k_s and o_s {'overlap' if overlap else 'are disjoint'}"
+    return verdict(overlap, not overlap, f"offsets {off} (each buffer {size} B): k_s and o_s "
+                                         f"{'overlap' if overlap else 'are disjoint'}")

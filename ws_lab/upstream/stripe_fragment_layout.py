@@ -15,7 +15,7 @@ import re
 
 import tilelang.language as T
 
-from ws_lab.upstream import lower_sm90a
+from ws_lab.upstream import lower_sm90a, verdict
 
 TITLE = "a fragment for a column stripe of a wgmma accumulator takes the accumulator's layout; reduce_max reads unwritten registers"
 UPSTREAM = "to be filed (bundle: python -m ws_lab.repro stripe_fragment_layout)"
@@ -79,11 +79,12 @@ def run() -> str:
 
 
 def check():
-    """(ok, actual): ok when the stripe holds REGS_PER_THREAD registers a thread."""
+    """Fixed when the stripe holds REGS_PER_THREAD registers a thread; the bug, any other count."""
     src = lower()
     declared = re.search(r"float stripe\[(\d+)\];", src)
     reduce = re.search(r"for \(int (\w+) = 0; \1 < (\d+); \+\+\1\) \{\s*\n\s*\w+\[\w+\] = max\(", src)
     regs = int(declared.group(1)) if declared else None
     per_row = int(reduce.group(2)) if reduce else None
-    return regs == REGS_PER_THREAD, (f"`float stripe[{regs}]`; the reduction walks {per_row} "
-                                     f"registers a row of the {REGS_PER_THREAD // 2} the copy wrote")
+    return verdict(regs is not None and regs != REGS_PER_THREAD, regs == REGS_PER_THREAD,
+                   f"`float stripe[{regs}]`; the reduction walks {per_row} registers a row of "
+                   f"the {REGS_PER_THREAD // 2} the copy wrote")

@@ -10,7 +10,7 @@ import re
 
 import tilelang.language as T
 
-from ws_lab.upstream import lower_sm90a
+from ws_lab.upstream import lower_sm90a, verdict
 
 TITLE = "T.wgmma_gemm's accumulator fence is emitted before T.wait_wgmma instead of after it"
 UPSTREAM = "to be filed (bundle: python -m ws_lab.repro wgmma_fence_before_wait)"
@@ -43,9 +43,13 @@ def lower():
 
 
 def check():
-    """(ok, actual): ok when the accumulator is fenced between the wait and its first read."""
+    """Fixed when the accumulator is fenced between the wait and its first read; the bug, fences
+    before the wait only."""
     src = lower()
-    wait = src.index("wait_wgmma<0>")
+    wait = src.find("wait_wgmma<0>")
+    if wait < 0:
+        return verdict(False, False, "no wait_wgmma<0> in the emitted code")
     before = len(re.findall(r"warpgroup_fence_operand\(reinterpret_cast<float\*>\(acc", src[:wait]))
     after = len(re.findall(r"warpgroup_fence_operand\(reinterpret_cast<float\*>\(acc", src[wait:]))
-    return after > 0, f"{before} accumulator fence(s) before wait_wgmma<0>, {after} after it"
+    return verdict(before > 0 and after == 0, after > 0,
+                   f"{before} accumulator fence(s) before wait_wgmma<0>, {after} after it")
