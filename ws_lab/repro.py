@@ -2,6 +2,7 @@
 
     python -m ws_lab.repro                 # list the pinned behaviours
     python -m ws_lab.repro NAME [--out F]  # markdown to paste into a TileLang issue
+    python -m ws_lab.repro NAME --script repro.py  # and a self-contained script (tilelang only)
 
 The bundle holds the versions, the GPU (if any), the minimal kernel's source, the emitted CUDA
 excerpt that shows the behaviour, expected vs actual (with what the kernel computes when a GPU
@@ -87,20 +88,82 @@ Related: {mod.UPSTREAM}
 """
 
 
+_PREAMBLE = '''"""Standalone repro, written by ws-lab (python -m ws_lab.repro {name} --script FILE):
+{title}
+
+Needs only tilelang (written against {version}); lowers for sm_90a, no GPU needed. Prints the
+outcome and fails its assertion while TileLang shows the behaviour.
+"""
+import enum
+from dataclasses import dataclass
+
+import tilelang
+import tvm
+
+SM90A = {{"kind": "cuda", "arch": "sm_90a"}}
+
+
+def lower_sm90a(prim_func, pass_configs):
+    """The CUDA TileLang emits for ``prim_func`` on sm_90a."""
+    target = tvm.target.Target(SM90A)
+    with tilelang.transform.PassContext(config=pass_configs), target:
+        return tilelang.lower(prim_func, target=target).kernel_source
+
+
+def compile_sm90a(func, pass_configs=None):
+    return tilelang.compile(func, target=SM90A, pass_configs=pass_configs)
+
+
+'''
+
+_MAIN = '''
+
+if __name__ == "__main__":
+    result = check()
+    print(f"tilelang {tilelang.__version__}: {result.outcome.value}: {result.detail}")
+    assert result.outcome is Outcome.FIXED, f"{TITLE}: {result.detail}"
+'''
+
+# the pin modules' lab imports, which the preamble above replaces
+_LAB_IMPORT = re.compile(r"^\s*from ws_lab\.[\w.]+ import .*\n", re.MULTILINE)
+
+
+def script(name: str) -> str:
+    """A self-contained ``repro.py`` for one pin: the preamble (lowering for sm_90a, the three
+    outcomes), the pin's module without its lab imports, and a main that runs its check."""
+    import tilelang
+
+    from ws_lab.upstream import Outcome, Result, verdict
+
+    if name not in names():
+        raise ValueError(f"unknown repro {name!r}; known: {', '.join(names())}")
+    mod = importlib.import_module(f"ws_lab.upstream.{name}")
+    protocol = "\n\n".join(inspect.getsource(obj) for obj in (Outcome, Result, verdict))
+    body = _LAB_IMPORT.sub("", inspect.getsource(mod))
+    return (_PREAMBLE.format(name=name, title=mod.TITLE, version=tilelang.__version__)
+            + protocol + "\n\n" + body.rstrip() + "\n" + _MAIN)
+
+
 def _main(argv):
     ap = cli.ArgumentParser(prog="python -m ws_lab.repro", description=__doc__.splitlines()[0])
     ap.add_argument("name", nargs="?",
                     help="a pinned behaviour (without it: list them); known: " + ", ".join(names()))
     ap.add_argument("--out", type=Path,
                     help="write the bundle to this file instead of standard output")
+    ap.add_argument("--script", type=Path,
+                    help="also write the pin as a self-contained repro.py (only tilelang needed)")
     args = ap.parse_args(argv)
     if not args.name:
         print("\n".join(names()))
         return
     if args.name not in names():
         raise cli.UsageError(f"unknown repro {args.name!r}; known: {', '.join(names())}")
-    if args.out is not None and args.out.is_dir():
-        raise cli.UsageError(f"--out {args.out} is a directory; give a file path")
+    for option, path in (("--out", args.out), ("--script", args.script)):
+        if path is not None and path.is_dir():
+            raise cli.UsageError(f"{option} {path} is a directory; give a file path")
+    if args.script:
+        args.script.write_text(script(args.name))
+        print(f"wrote {args.script}")
     text = bundle(args.name)
     if args.out:
         args.out.write_text(text)
