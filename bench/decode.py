@@ -35,19 +35,14 @@ def _parser():
 def static_report(rows, json_path):
     from ws_lab import triton_static
 
-    print("no CUDA device: printing the static report (sm_90 SASS summary of the fused kernel "
-          "for each row's head layout) instead\n")
     fused = registry.decode("fused")
-    records = []
-    for layout in dict.fromkeys((r.heads, r.kv_heads, r.head_dim, r.dtype) for r in rows):
-        for spec in fused.static_specs(*layout):
-            with cli.status(f"compiling {spec.name} for {layout[0]}/{layout[1]}, D {layout[2]}"):
-                text = triton_static.report(spec)
-            print(text + "\n")
-            records.append(dict(heads=layout[0], kv_heads=layout[1], head_dim=layout[2],
-                                report=text))
-    if json_path:
-        json_path.write_text(json.dumps({"device": None, "static_report": records}, indent=1))
+    layouts = dict.fromkeys((r.heads, r.kv_heads, r.head_dim, r.dtype) for r in rows)
+    triton_static.print_reports(
+        "the fused kernel for each row's head layout",
+        [(f"{heads}/{kv_heads}, D {head_dim}", spec,
+          dict(heads=heads, kv_heads=kv_heads, head_dim=head_dim))
+         for heads, kv_heads, head_dim, dtype in layouts
+         for spec in fused.static_specs(heads, kv_heads, head_dim, dtype)], json_path)
 
 
 def _main(argv):

@@ -81,19 +81,13 @@ def _parser():
 def static_report(block_sizes, json_path):
     from ws_lab import triton_static
 
-    print("no CUDA device: printing the static report (sm_90 SASS summary of the gqa and "
-          "split_k kernels for each row's head layout) instead\n")
-    records = []
     layouts = {(r.heads, r.kv_heads, r.head_dim, bs): r for r in ROWS for bs in block_sizes}
-    for (heads, kv_heads, head_dim, bs), r in layouts.items():
-        for spec in paged.static_specs(heads, kv_heads, head_dim, bs, r.dtype):
-            with cli.status(f"compiling {spec.name} for {heads}/{kv_heads}, block {bs}"):
-                text = triton_static.report(spec)
-            print(f"{r.name} ({heads}/{kv_heads}, block {bs}): {text}\n")
-            records.append(dict(row=r.name, heads=heads, kv_heads=kv_heads, block_size=bs,
-                                report=text))
-    if json_path:
-        json_path.write_text(json.dumps({"device": None, "static_report": records}, indent=1))
+    triton_static.print_reports(
+        "the gqa and split_k kernels for each row's head layout",
+        [(f"{r.name} ({heads}/{kv_heads}, block {bs})", spec,
+          dict(row=r.name, heads=heads, kv_heads=kv_heads, block_size=bs))
+         for (heads, kv_heads, head_dim, bs), r in layouts.items()
+         for spec in paged.static_specs(heads, kv_heads, head_dim, bs, r.dtype)], json_path)
 
 
 def _main(argv):

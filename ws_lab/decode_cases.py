@@ -23,6 +23,13 @@ def rope_tables(length, head_dim, theta=1e6, dtype=torch.float16, device="cpu"):
     return emb.cos().to(dtype).to(device), emb.sin().to(dtype).to(device)
 
 
+def apply_rope(x, cos, sin):
+    """HF's apply_rotary_pos_emb on one of q / k, in x's dtype: x·cos + rotate_half(x)·sin,
+    rotate_half(x) = cat(−x[D/2:], x[:D/2]); cos / sin broadcast to x."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
 @dataclass
 class DecodeProblem:
     q: torch.Tensor

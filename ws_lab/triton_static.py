@@ -29,6 +29,26 @@ def compile_sm90(spec: StaticSpec):
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=spec.options)
 
 
+def print_reports(what: str, items, json_path: Path | None = None) -> list[dict]:
+    """The no-GPU fallback of a Triton bench: for each (title, spec, record) a status line while
+    Triton compiles, then the report under its title; ``json_path`` gets the records, each with
+    its report added. ``what`` names the kernels in the opening line."""
+    import json
+
+    from ws_lab import cli
+
+    print(f"no CUDA device: printing the static report (sm_90 SASS summary of {what}) instead\n")
+    records = []
+    for title, spec, record in items:
+        with cli.status(f"compiling {spec.name} for {title}"):
+            text = report(spec)
+        print(f"{title}: {text}\n")
+        records.append(dict(record, report=text))
+    if json_path:
+        json_path.write_text(json.dumps({"device": None, "static_report": records}, indent=1))
+    return records
+
+
 def report(spec: StaticSpec, out_dir: Path | None = None) -> str:
     """The spec's SASS summary (only the fields a Triton kernel has); ``out_dir`` keeps its
     .cubin and .sass."""

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ws_lab import registry
+from ws_lab.decode_cases import apply_rope
 
 ATTENTION = ("fused", "sdpa")
 
@@ -108,7 +109,7 @@ class DecodeModel:
             return self.fused.fused_decode_attention(q, k, v, self.k_cache[i], self.v_cache[i],
                                                      self.cos, self.sin, positions)
         cos, sin, rows, mask = rope
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         self.k_cache[i][rows, :, positions.long()] = k
         self.v_cache[i][rows, :, positions.long()] = v
         out = F.scaled_dot_product_attention(q[:, :, None], self.k_cache[i], self.v_cache[i],
@@ -123,8 +124,3 @@ class DecodeModel:
         rows = torch.arange(pos.shape[0], device=pos.device)
         return self.cos[pos][:, None], self.sin[pos][:, None], rows, mask[:, None, None]
 
-
-def _rotate(x, cos, sin):
-    """HF's apply_rotary_pos_emb on one of q / k: x·cos + rotate_half(x)·sin."""
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
