@@ -147,17 +147,17 @@ def measure(hf, prompts, new, paths):
     return results, prefill_s
 
 
-def floor_ms(hf, batch, prompt, new, copy_gbps):
-    """Weights read once a step plus the mean K/V a step reads, over the copy bandwidth."""
+def floor_ms(hf, batch, prompt, new, read_gbps):
+    """Weights read once a step plus the mean K/V a step reads, over the read ceiling."""
     cfg = hf.config
     weights = sum(p.numel() * p.element_size() for p in hf.parameters())
     head_dim = cfg.hidden_size // cfg.num_attention_heads
     mean_ctx = prompt + new / 2
     kv = 2 * cfg.num_hidden_layers * batch * cfg.num_key_value_heads * mean_ctx * head_dim * 2
-    return (weights + kv) / (copy_gbps * 1e9) * 1e3, weights, kv
+    return (weights + kv) / (read_gbps * 1e9) * 1e3, weights, kv
 
 
-def grpo_step(hf, args, copy_gbps):
+def grpo_step(hf, args):
     """One Dr. GRPO step on the arithmetic task: the fused loop's rollout, the log-probs of
     policy and reference, one AdamW step with clipping; prints the breakdown."""
     import copy
@@ -218,16 +218,16 @@ def _main(argv):
     from ws_lab import bench_paged
     from ws_lab.rollout import config
 
-    copy_gbps = bench_paged.copy_bandwidth_gbps()
+    read_gbps = bench_paged.read_bandwidth_gbps()
     hf = config.random_model(config.qwen2_config(), torch.bfloat16, "cuda")
     gen = torch.Generator(device="cuda").manual_seed(0)
     prompts = torch.randint(0, hf.config.vocab_size, (args.batch, args.prompt), generator=gen,
                             device="cuda")
     results, prefill_s = measure(hf, prompts, args.new, paths)
-    floor, weights, kv = floor_ms(hf, args.batch, args.prompt, args.new, copy_gbps)
-    print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}, copy {copy_gbps:.0f} "
-          f"GB/s; B {args.batch}, {args.prompt} + {args.new} tokens; prefill {1e3 * prefill_s:.1f}"
-          f" ms (excluded)\n")
+    floor, weights, kv = floor_ms(hf, args.batch, args.prompt, args.new, read_gbps)
+    print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}, read ceiling "
+          f"{read_gbps:.0f} GB/s; B {args.batch}, {args.prompt} + {args.new} tokens; prefill "
+          f"{1e3 * prefill_s:.1f} ms (excluded)\n")
     print("| path | ms per decode step | tokens/s | GPU busy | × HF static |")
     print("|---|---|---|---|---|")
     static = results.get("hf-static", {}).get("ms")
@@ -238,7 +238,7 @@ def _main(argv):
     print(f"| HBM floor ({weights / 1e9:.2f} GB weights + {kv / 1e9:.3f} GB mean K/V) | "
           f"{floor:.3f} | | | |")
     if args.grpo:
-        grpo_step(hf, args, copy_gbps)
+        grpo_step(hf, args)
 
 
 def main(argv=None):

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ws_lab.check import refuse_overlapping_out, require_device, validate_scale
 from ws_lab.kernels import LOG2E
@@ -62,17 +63,17 @@ class LaunchConfig:
                 f"{self.scratch_div},{self.merge_partials}")
 
 
-# Per mode, from `python bench/paged.py --tune` on the H100 (NOTES.md, 2026-11-22, sessions 3
-# and 5, inputs rotated past L2 since session 5): split_k's tile/warps/stages/waves have the best
-# geometric mean over the tuned rows; its in-kernel merge pays where it reads ≤ 64 partial rows
-# (llama70b B8 26.2 → 23.0 µs) and loses where the group is large (MQA: one program merging 32
-# heads, 20 → 27 µs). gqa (B·Hkv ≥ SMs, one program per KV head, streaming at the HBM floor)
-# keeps 128-token tiles on 8 warps, 3–7 % faster there than 64 on 4; ``launch_config`` deepens
-# its pipeline and halves its warps where the grid is short.
+# Per mode, from `python bench/paged.py --tune` on the H100 (NOTES.md, paged; split_k re-tuned
+# in session 16 on disjoint tables with programmatic dependent launch): split_k takes 3 stages
+# and always the reduce kernel (merge_partials 0) — with PDL the reduce launches while the split
+# programs drain, and it beat the in-kernel merge on llama3-8b B8 (28.9 vs 31.3 µs) at equal
+# speed on llama70b B4 and MQA B16. gqa (B·Hkv ≥ SMs, one program per KV head, streaming at the
+# HBM floor) keeps 128-token tiles on 8 warps, 3–7 % faster there than 64 on 4;
+# ``launch_config`` deepens its pipeline and halves its warps where the grid is short.
 DEFAULTS = {"v1": LaunchConfig(tile_n=128, num_warps=8, num_stages=2, waves=4),
             "gqa": LaunchConfig(tile_n=128, num_warps=8, num_stages=2, waves=4),
-            "split_k": LaunchConfig(tile_n=64, num_warps=4, num_stages=2, waves=4, scratch_div=8,
-                                    merge_partials=64)}
+            "split_k": LaunchConfig(tile_n=64, num_warps=4, num_stages=3, waves=4, scratch_div=8,
+                                    merge_partials=0)}
 # gqa on a short grid (B·Hkv ≤ 2·SMs: one or two programs per SM)
 GQA_SHORT_GRID = dict(num_warps=4, num_stages=3)
 
@@ -164,7 +165,9 @@ def _decode_gqa_kernel(Q, K, V, BlockTable, ContextLens, Out, MScratch, LScratch
                        D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
                        WIDE: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr,
                        MERGE_IN_KERNEL: tl.constexpr, SEG_PAD: tl.constexpr,
-                       MERGE_HEADS: tl.constexpr):
+                       MERGE_HEADS: tl.constexpr, PDL: tl.constexpr):
+    if PDL:
+        gdc_wait()  # launched early (programmatic dependent launch): the inputs' writer first
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     seg = tl.program_id(2)
@@ -205,6 +208,10 @@ def _decode_gqa_kernel(Q, K, V, BlockTable, ContextLens, Out, MScratch, LScratch
         acc = acc * alpha[:, None] + pv
         l = l * alpha + tl.sum(p, axis=1)
         m = m_new
+    if PDL:
+        # The next grid may launch now: it waits for this one to finish before it reads. Not
+        # at the top: there, measured, the early grid took 12 % off the two-wave gqa rows.
+        gdc_launch_dependents()
     if SPLIT:
         n_seg = tl.num_programs(2)
         heads_total = tl.num_programs(1) * GROUP
@@ -263,7 +270,10 @@ def _merge_heads(MScratch, LScratch, AccScratch, Out, b, head0, n_heads, heads_t
 
 @triton.jit
 def _split_reduce_kernel(MScratch, LScratch, AccScratch, Out, n_seg, stride_ob, stride_oh,
-                         D: tl.constexpr, D_PAD: tl.constexpr, SEG_PAD: tl.constexpr):
+                         D: tl.constexpr, D_PAD: tl.constexpr, SEG_PAD: tl.constexpr,
+                         PDL: tl.constexpr):
+    if PDL:
+        gdc_wait()  # launched while the split programs drain: their partials first
     _merge_heads(MScratch, LScratch, AccScratch, Out, tl.program_id(0), tl.program_id(1), 1,
                  tl.num_programs(1), n_seg, stride_ob, stride_oh, D, D_PAD, SEG_PAD, 1)
 
@@ -357,6 +367,15 @@ def _check_indices(block_table, context_lens, num_blocks, block_size) -> None:
                          f"the pool [0, {num_blocks})")
 
 
+def _has_pdl(device) -> bool:
+    """Programmatic dependent launch (sm_90+, not the interpreter), as FA3 launches its combine
+    kernel: each grid launches while the one before it drains, so the launch gap between the
+    split and reduce kernels, and between consecutive calls, overlaps work (measured: MQA B16
+    20.9 -> 20.1 µs, llama70b B4 18.1 -> 17.6; the large rows unchanged; NOTES.md paged,
+    session 16)."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
 def _sm_count(device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
@@ -433,6 +452,7 @@ def paged_attention(q, k_cache, v_cache, block_table, context_lens, *, mode="aut
               v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_table.stride(0),
               out.stride(0), out.stride(1))
     wide = k_cache.numel() > INT32_MAX  # an element offset into the cache may pass int32
+    pdl = _has_pdl(q.device)
     if mode == "v1":
         _decode_v1_kernel[(batch, heads)](q, k_cache, v_cache, block_table, context_lens, out,
                                           scale * LOG2E, max_tokens, *common, GROUP=group, D=head_dim,
@@ -443,7 +463,7 @@ def paged_attention(q, k_cache, v_cache, block_table, context_lens, *, mode="aut
     meta = dict(GROUP=group, G_PAD=max(MIN_DOT_ROWS, triton.next_power_of_2(group)), D=head_dim,
                 D_PAD=d_pad, BLOCK_SIZE=block_size, TILE=tile, WIDE=wide,
                 IEEE=q.dtype == torch.float32, num_warps=config.num_warps,
-                num_stages=config.num_stages)
+                num_stages=config.num_stages, PDL=pdl, launch_pdl=pdl)
     if mode == "gqa":
         _decode_gqa_kernel[(batch, kv_heads, 1)](
             q, k_cache, v_cache, block_table, context_lens, out, out, out, out, block_table,
@@ -466,7 +486,8 @@ def paged_attention(q, k_cache, v_cache, block_table, context_lens, *, mode="aut
         _split_reduce_kernel[(batch, heads)](m_scratch, l_scratch, acc_scratch, out, n_seg,
                                              out.stride(0), out.stride(1), D=head_dim,
                                              D_PAD=d_pad, SEG_PAD=seg_pad,
-                                             num_warps=reduce_warps(seg_pad, d_pad))
+                                             PDL=pdl, num_warps=reduce_warps(seg_pad, d_pad),
+                                             launch_pdl=pdl)
     return out
 
 
@@ -526,7 +547,8 @@ def static_specs(heads, kv_heads, head_dim, block_size, dtype="float16"):
                     IEEE=dtype == "float32",
                     MERGE_IN_KERNEL=split and group * STATIC_SEG_PAD <= config.merge_partials,
                     SEG_PAD=STATIC_SEG_PAD if split else 1,
-                    MERGE_HEADS=merge_chunk(group, config.num_warps, STATIC_SEG_PAD, d_pad))
+                    MERGE_HEADS=merge_chunk(group, config.num_warps, STATIC_SEG_PAD, d_pad),
+                    PDL=True)
         specs.append(StaticSpec(f"decode_{mode}", _decode_gqa_kernel, types, meta,
                                 dict(num_warps=config.num_warps, num_stages=config.num_stages)))
     return specs

@@ -52,7 +52,7 @@ class DecodeResult:
     us: dict = field(default_factory=dict)
     errors: dict = field(default_factory=dict)
     notes: dict = field(default_factory=dict)
-    copy_gbps: float = 0.0
+    read_gbps: float = 0.0  # the read ceiling (bench_paged.read_bandwidth_gbps)
 
 
 def hf_rope():
@@ -136,12 +136,12 @@ def _implementations(row: DecodeRow, apply_rope):
     return fused_call, unfused, paged_rope
 
 
-def measure_row(row: DecodeRow, copy_gbps: float) -> DecodeResult:
+def measure_row(row: DecodeRow, read_gbps: float) -> DecodeResult:
     import triton.testing
 
     from ws_lab.bench import rotation_count
 
-    res = DecodeResult(row, copy_gbps=copy_gbps)
+    res = DecodeResult(row, read_gbps=read_gbps)
     apply_rope, source = hf_rope()
     res.notes["rope"] = source
     dtype = getattr(torch, row.dtype)
@@ -168,7 +168,7 @@ def measure_row(row: DecodeRow, copy_gbps: float) -> DecodeResult:
     res.errors["unfused eager"] = oracle.rel_l2(eager(), ref)
     res.us["unfused eager"] = 1e3 * triton.testing.do_bench(eager, warmup=25, rep=100,
                                                             return_mode="median")
-    res.us["floor"] = row.kv_bytes_read() / (copy_gbps * 1e9) * 1e6
+    res.us["floor"] = row.kv_bytes_read() / (read_gbps * 1e9) * 1e6
     for name, err in res.errors.items():
         if not err <= TOLERANCE[dtype]:
             res.notes[name + " rel-err"] = f"{err:.2e} over the tolerance {TOLERANCE[dtype]:.1e}"
@@ -182,7 +182,7 @@ COLUMNS = ["fused", "unfused graph", "unfused eager", "paged+rope", "floor"]
 
 def table(results) -> str:
     head = (["row", "Hq/Hkv", "D", "Lmax", "sets"] + [f"{c} µs" for c in COLUMNS]
-            + ["fused ×unfused graph", "fused ×eager", "fused ×paged+rope", "fused % copy",
+            + ["fused ×unfused graph", "fused ×eager", "fused ×paged+rope", "fused % read",
                "max rel-err"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
@@ -192,7 +192,7 @@ def table(results) -> str:
         def gap(peer):
             return f"{us[peer] / fused:.2f}" if fused and us.get(peer) else "n/a"
 
-        pct = (f"{100 * r.row.kv_bytes_read() / (fused * 1e-6) / 1e9 / r.copy_gbps:.0f}"
+        pct = (f"{100 * r.row.kv_bytes_read() / (fused * 1e-6) / 1e9 / r.read_gbps:.0f}"
                if fused else "n/a")
         cells = [r.row.label(), f"{r.row.heads}/{r.row.kv_heads}", str(r.row.head_dim),
                  str(r.row.capacity), str(r.notes.get("sets", 1))]

@@ -9,6 +9,8 @@ rotates through enough input sets to hold 4× the L2 (``rotation``), so no row t
 from dataclasses import dataclass, field
 
 import torch
+import triton
+import triton.language as tl
 
 from ws_lab import oracle, registry
 from ws_lab.paged_cases import make_paged
@@ -37,7 +39,7 @@ class PagedResult:
     errors: dict = field(default_factory=dict)  # mode -> rel-L2 vs oracle
     peer_errors: dict = field(default_factory=dict)  # peer -> rel-L2 vs oracle
     notes: dict = field(default_factory=dict)
-    copy_gbps: float = 0.0
+    read_gbps: float = 0.0  # the read ceiling (read_bandwidth_gbps)
 
 
 def copy_bandwidth_gbps() -> float:
@@ -48,6 +50,44 @@ def copy_bandwidth_gbps() -> float:
     dst = torch.empty_like(src)
     ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=50, rep=300, return_mode="median")
     return 2 * src.numel() * 2 / (ms * 1e-3) / 1e9
+
+
+@triton.jit
+def _read_probe_kernel(X, Sums, elems_per_program, BLOCK: tl.constexpr):
+    """Sums one contiguous slab of X per program: a read stream with one store per program."""
+    base = X + tl.program_id(0).to(tl.int64) * elems_per_program
+    acc = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, elems_per_program, BLOCK):
+        acc += tl.load(base + start + tl.arange(0, BLOCK)).to(tl.float32)
+    tl.store(Sums + tl.program_id(0), tl.sum(acc, 0))
+
+
+READ_PROBE = dict(programs=16384, BLOCK=16384, num_warps=16)  # best of 72 (NOTES.md, session 16)
+
+
+def read_bandwidth_gbps() -> float:
+    """The read ceiling of a decode kernel (it reads K/V and writes almost nothing): bytes over
+    the median time of ``_read_probe_kernel`` summing 2 GiB. On the H100 it reads at ~3130 GB/s,
+    4 % above the 1 GiB copy's read + write rate: a copy does not bound a read-only kernel
+    (SDPA's llama7b-8k decode read at 103 % of copy, NOTES.md paged, session 15). The sum is
+    checked, so the probe cannot time a kernel that skipped its loads."""
+    import triton.testing
+
+    src = torch.empty(1 << 30, dtype=torch.float16, device="cuda").normal_()
+    programs, block = READ_PROBE["programs"], READ_PROBE["BLOCK"]
+    sums = torch.empty(programs, dtype=torch.float32, device="cuda")
+
+    def read():
+        _read_probe_kernel[(programs,)](src, sums, src.numel() // programs, BLOCK=block,
+                                        num_warps=READ_PROBE["num_warps"])
+
+    read()
+    expected = src.sum(dtype=torch.float32)
+    if not torch.allclose(sums.sum(), expected, rtol=1e-3, atol=1e-3 * src.numel() ** 0.5):
+        raise RuntimeError(f"read probe summed {float(sums.sum())}, expected {float(expected)}")
+    ms = triton.testing.do_bench(read, warmup=50, rep=300, return_mode="median")
+    del src
+    return 2 * (1 << 30) / (ms * 1e-3) / 1e9
 
 
 def _time_us(calls) -> float:
@@ -79,17 +119,17 @@ def rotation(row: PagedRow) -> int:
     time the L2 (a 34 MB row ran at 109 % of HBM copy bandwidth that way)."""
     from ws_lab.bench import rotation_count
 
-    return rotation_count(row.kv_bytes(), "cuda", cap=MAX_SETS)
+    return max(2, rotation_count(row.kv_bytes(), "cuda", cap=MAX_SETS))
 
 
-def measure_row(row: PagedRow, modes, copy_gbps, with_peers=True, config=None) -> PagedResult:
+def measure_row(row: PagedRow, modes, read_gbps, with_peers=True, config=None) -> PagedResult:
     """Checks each mode against the oracle on the first input set, then times every
     implementation rotating over ``rotation(row)`` sets (same block tables, own K/V and q)."""
     paged = registry.decode("paged")
 
     launch = {} if config is None else {"config": config}
 
-    res = PagedResult(row, copy_gbps=copy_gbps)
+    res = PagedResult(row, read_gbps=read_gbps)
     dtype = getattr(torch, row.dtype)
     (q, kc, vc, table, lens), _ = make_paged(row.batch, row.heads, row.kv_heads, row.head_dim,
                                              row.block_size, [row.context] * row.batch, dtype,
@@ -108,7 +148,7 @@ def measure_row(row: PagedRow, modes, copy_gbps, with_peers=True, config=None) -
                                           table.shape[1] * row.block_size, paged._sm_count(q.device))
     if with_peers:
         _measure_peers(res, sets, table, lens, ref)
-    res.us["floor"] = row.kv_bytes() / (copy_gbps * 1e9) * 1e6
+    res.us["floor"] = row.kv_bytes() / (read_gbps * 1e9) * 1e6
     del sets
     torch.cuda.empty_cache()
     return res
@@ -173,7 +213,7 @@ def _fa_cute_calls(sets, table, lens):
 def table(results, modes) -> str:
     cols = list(modes) + ["sdpa", "tileops", "fa-cute", "floor"]
     head = (["row", "B", "Hq/Hkv", "ctx", "KV MB", "sets"] + [f"{c} µs" for c in cols]
-            + ["auto picks", "auto GB/s", "auto % copy", "auto ×SDPA", "max rel-err",
+            + ["auto picks", "auto GB/s", "auto % read", "auto ×SDPA", "max rel-err",
                "peers' max rel-err"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
@@ -184,7 +224,7 @@ def table(results, modes) -> str:
                  f"{r.row.kv_bytes() / 1e6:.0f}", str(r.notes.get("sets", 1))]
         cells += ["n/a" if r.us.get(c) is None else f"{r.us[c]:.1f}" for c in cols]
         cells += [r.notes.get("auto", ""), "n/a" if gbps is None else f"{gbps:.0f}",
-                  "n/a" if gbps is None else f"{100 * gbps / r.copy_gbps:.0f}",
+                  "n/a" if gbps is None else f"{100 * gbps / r.read_gbps:.0f}",
                   "n/a" if not (auto and sdpa) else f"{sdpa / auto:.2f}",
                   f"{max(r.errors.values()):.1e}" if r.errors else "n/a",
                   f"{max(r.peer_errors.values()):.1e}" if r.peer_errors else "n/a"]

@@ -2,6 +2,7 @@
 fp16; ragged context lengths 1/17/513, scattered blocks, groups 1/4/8/32, head dims 80/96;
 lengths past the table clamped, empty ones zero); the LLaMA block traced by Dynamo with
 fullgraph=True. Input validation: test_bad_inputs.py."""
+import dataclasses
 import json
 import re
 import os
@@ -73,10 +74,13 @@ def test_launch_plan_depends_on_shapes_only():
     capped = paged.LaunchConfig(128, 8, 2, 4, scratch_div=8)
     assert paged.segments_for(16, 1, 32, 4096, 132, capped) == 16  # 4096 // (8 · 32)
     split = paged.DEFAULTS["split_k"]
+    merging = dataclasses.replace(split, merge_partials=64)
     # llama70b B8 (group 8): 8 segments of 256 tokens, 64 partial rows: merged in the kernel
-    assert paged.split_plan(8, 8, 8, 2048, 132, split, 64) == (8, 256, True)
+    # where merge_partials allows 64; the defaults always take the reduce kernel
+    assert paged.split_plan(8, 8, 8, 2048, 132, merging, 64) == (8, 256, True)
+    assert paged.split_plan(8, 8, 8, 2048, 132, split, 64) == (8, 256, False)
     # MQA B16 (group 32): 16 segments, 512 partial rows: the reduce kernel
-    assert paged.split_plan(16, 1, 32, 4096, 132, split, 64) == (16, 256, False)
+    assert paged.split_plan(16, 1, 32, 4096, 132, merging, 64) == (16, 256, False)
     assert paged.reduce_warps(16, 128) == 1  # 64 partial elements a thread on one warp
     assert paged.reduce_warps(512, 128) == 8
     short, long = paged.launch_config("gqa", 8, 32, 132), paged.launch_config("gqa", 16, 32, 132)
