@@ -1,21 +1,27 @@
 """Minimal kernels pinning TileLang behaviours the lab works around (one module per issue).
 
-Each module gives ``kernel()`` (the ≤ 60-line prim_func builder; its source goes into the repro
-bundle), ``check() -> Result`` (one of three outcomes, below), ``EXPECTED``,
-``WORKAROUND``, ``TITLE`` and ``UPSTREAM``; optionally ``EXCERPT`` (a regex: the emitted lines the
-bundle quotes) and ``run() -> str`` (what the kernel computes on a GPU; the bundle adds it when
-one is present). ``tests/upstream`` asserts ``check()`` (and ``run()`` on a GPU) under strict
+Each module gives ``kernel()`` (the ≤ 40-line prim_func builder showing the behaviour),
+``control()`` (the nearest kernel that TileLang gets right), ``check() -> Result`` (one of three
+outcomes, below, read from both), ``TITLE``, ``TRIAGE`` (one of ``TRIAGES``), ``IMPACT`` (what
+it costs, measured where it could be), ``LINKS`` (related upstream issues and PRs),
+``EXPECTED`` and ``WORKAROUND``; optionally ``EXCERPT`` (a regex: the emitted lines the bundle
+quotes) and ``run() -> str`` (what the kernel computes on a GPU; the bundle adds it when one is
+present). A module's text is written for TileLang's maintainers: it goes into the bundle. ``tests/upstream`` asserts ``check()`` (and ``run()`` on a GPU) under strict
 xfail; ``python -m ws_lab.repro NAME`` writes the bundle to paste into a TileLang issue.
 
 A check reads the emitted code for the bug's signature and says one of three things: the
-signature is there (``Outcome.BUG``), the code shows the expected form (``Outcome.FIXED``), or
-neither can be found (``Outcome.MISSING``: codegen changed, so the pin must be rechecked). The
+signature is there and the control shows the expected form (``Outcome.BUG``), the kernel shows
+the expected form too (``Outcome.FIXED``), or neither can be found, or the control fails (``Outcome.MISSING``: codegen changed, so the pin must be rechecked). The
 tests turn them into a ``StillBroken`` (the only exception their strict xfail accepts), a pass
 (a strict xfail then fails as XPASS: the fix is reported), or a ``SignatureMissing`` error —
 so neither a fix nor a change of codegen can hide behind the xfail.
 """
 import enum
 from dataclasses import dataclass
+
+# wrong code: TileLang emits code that computes wrong values; latent UB: undefined behaviour
+# nvcc compiles as intended today; enhancement: by design, asked to change
+TRIAGES = ("wrong code", "latent UB", "enhancement")
 
 
 class Outcome(enum.Enum):

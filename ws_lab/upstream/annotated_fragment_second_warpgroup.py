@@ -10,8 +10,8 @@ the kernel's parameters. Adding 128 to the layout's thread function works in thi
 not where the loop also touches a fragment whose layout was inferred in the branch (a stripe
 filled from the warpgroup's wgmma accumulator): there lowering stops with "Layout infer
 conflict" although both layouts put each element on the same thread. The same kernel with
-``if tx < 128`` is emitted correctly. Found writing a row-max stripe for coop_overlap's second
-warpgroup (NOTES.md, session 8).
+its layout's threads inside the branch is emitted correctly: the control, the same code on a
+128-thread kernel under ``if tx >= 0``.
 """
 import tilelang.language as T
 from tilelang.layout import Fragment
@@ -19,17 +19,21 @@ from tilelang.layout import Fragment
 from ws_lab.upstream import lower_sm90a, verdict
 
 TITLE = "an annotated fragment layout inside `if tx >= 128` silently drops the branch's code"
-UPSTREAM = "to be filed (bundle: python -m ws_lab.repro annotated_fragment_second_warpgroup)"
+TRIAGE = "wrong code"
+IMPACT = ("wrong values: the kernel computes nothing (0 stores to M, no loads, an empty body) "
+          "and no error or warning is given; read from the emitted code, no GPU run needed")
+LINKS = ("none found: no open issue or PR on annotated layouts inside a thread-range branch",)
 PASS_CONFIGS = {}
 EXPECTED = ("the branch's loads and stores of M for threads 128..255 (the layout's threads counted "
             "from the branch's first thread, as inferred layouts are), or an error saying the "
             "layout's threads lie outside the branch")
-WORKAROUND = ("none needed in the kernels (the experiment that needed it was not kept); the lab "
-              "annotates no fragment layouts inside a warpgroup branch")
+WORKAROUND = "do not annotate fragment layouts inside a branch on the thread index"
 EXCERPT = r"M\b|frag|threadIdx|\{|\}"
 
 
-def kernel():
+def kernel(branch_from: int = 128):
+    """The code under ``if tx >= branch_from``; ``branch_from=0`` runs it on the first
+    warpgroup (threads 0..127 of 128), the control."""
     # the wgmma accumulator's pattern on a 64 × 16 stripe: 8 registers a thread of 128
     stripe = Fragment([64, 16],
                       forward_thread_fn=lambda i, j: 32 * (i // 16) + 4 * (i % 8) + (j % 8) // 2,
@@ -37,9 +41,9 @@ def kernel():
 
     @T.prim_func
     def second_warpgroup(A: T.Tensor([64, 16], "float"), M: T.Tensor([64, 16], "float")):
-        with T.Kernel(1, threads=256) as _:
+        with T.Kernel(1, threads=branch_from + 128) as _:
             tx = T.get_thread_binding()
-            if tx >= 128:
+            if tx >= branch_from:
                 frag = T.alloc_fragment([64, 16], "float")
                 T.annotate_layout({frag: stripe})
                 for i, j in T.Parallel(64, 16):
@@ -50,20 +54,32 @@ def kernel():
     return second_warpgroup
 
 
+def control():
+    return kernel(branch_from=0)
+
+
 def lower():
     return lower_sm90a(kernel(), PASS_CONFIGS)
 
 
+def _stores(prim_func) -> tuple[int | None, str]:
+    """Stores to M in the emitted kernel (None: no kernel), and the body's tokens."""
+    src = lower_sm90a(prim_func, PASS_CONFIGS)
+    if "second_warpgroup_kernel(" not in src:
+        return None, "no second_warpgroup_kernel in the emitted code"
+    body = src[src.rindex("second_warpgroup_kernel("):]
+    return body.count("(M + "), " ".join(body[body.index("{"):].split())[:200]
+
+
 def check():
-    """Fixed when the emitted kernel stores M; the bug is a kernel body without a store. A
-    lowering error is not a documented fix: it reads as a changed codegen (recheck)."""
+    """Fixed when the emitted kernel stores M; the bug is a kernel body without a store, while
+    the control (the first warpgroup) stores M. A lowering error is not a documented fix: it
+    reads as a changed codegen (recheck)."""
     try:
-        src = lower()
+        (stores, body), (control_stores, _) = _stores(kernel()), _stores(control())
     except Exception as exc:
         return verdict(False, False, f"lowering raised {type(exc).__name__}: {exc}")
-    if "second_warpgroup_kernel(" not in src:
-        return verdict(False, False, "no second_warpgroup_kernel in the emitted code")
-    body = src[src.rindex("second_warpgroup_kernel("):]
-    stores = body.count("(M + ")
-    return verdict(stores == 0, stores > 0, f"{stores} stores to M in the emitted kernel; its "
-                                            f"body: {body[body.index('{'):].split()}")
+    control_ok = bool(control_stores)
+    return verdict(control_ok and stores == 0, control_ok and bool(stores),
+                   f"{stores} stores to M under `tx >= 128` (body: {body}); control "
+                   f"(one warpgroup, `tx >= 0`): {control_stores} stores")

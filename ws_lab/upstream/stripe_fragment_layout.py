@@ -8,8 +8,8 @@ registers a thread, the copy writes 8 of them under an ``if (i < 2)`` guard, and
 over the stripe's rows walks 32 registers a row, 28 of them never written. nvcc 13.0 turns
 those reads into reads of R1 (the stack pointer) in the SASS, so each row max comes out as
 max(true max, R1's bits as a float ≈ +0): right when the row's maximum is positive, wrong
-(≈ 0) when every score of the row is negative. Found writing the softmax row max as a
-two-level tree (NOTES.md, coop_overlap, session 8).
+(≈ 0) when every score of the row is negative. The control fills the same stripe from global
+memory: TileLang gives it 8 registers a thread.
 """
 import re
 
@@ -18,14 +18,19 @@ import tilelang.language as T
 from ws_lab.upstream import lower_sm90a, verdict
 
 TITLE = "a fragment for a column stripe of a wgmma accumulator takes the accumulator's layout; reduce_max reads unwritten registers"
-UPSTREAM = "to be filed (bundle: python -m ws_lab.repro stripe_fragment_layout)"
+TRIAGE = "wrong code"
+IMPACT = ("wrong values, H100 (sm_90a, nvcc 13.0): 0 of 64 row maxima wrong for random scores, "
+          "64 of 64 wrong (≈ 0) when every score of a row is negative")
+LINKS = ("https://github.com/tile-ai/tilelang/pull/3180 — open PR reworking layout inference "
+         "for fragment slicing and partial visits in T.Parallel (this is a partial visit of "
+         "acc); check it against this kernel",
+         "https://github.com/tile-ai/tilelang/issues/2957 — same family: a T.Parallel loop's "
+         "layout taken from another loop over the same fragment")
 PASS_CONFIGS = {}
 EXPECTED = ("`float stripe[8]` (64·16 fp32 over 128 threads) and a reduction over the 4 registers "
             "a row that the copy wrote")
-WORKAROUND = ("none needed in the kernels: the softmax keeps T.reduce_max over the whole "
-              "accumulator (one FMNMX chain of 32 a row; a tree measured no faster, NOTES.md). "
-              "Annotating the stripe with a T.Fragment fixes the first warpgroup only "
-              "(annotated_fragment_second_warpgroup)")
+WORKAROUND = ("reduce over the whole accumulator instead of a stripe, or annotate the stripe "
+              "with a T.Fragment (first warpgroup only: see the annotated-fragment report)")
 EXCERPT = r"stripe|row_max|i_2|rv <"
 REGS_PER_THREAD = 64 * 16 // 128
 
@@ -51,6 +56,24 @@ def kernel():
             T.copy(row_max, M)
 
     return stripe_max
+
+
+def control():
+    @T.prim_func
+    def stripe_from_global(S: T.Tensor([64, 16], "float"), M: T.Tensor([64], "float")):
+        with T.Kernel(1, threads=128) as _:
+            stripe = T.alloc_fragment([64, 16], "float")
+            row_max = T.alloc_fragment([64], "float")
+            T.copy(S, stripe)
+            T.reduce_max(stripe, row_max, dim=1)
+            T.copy(row_max, M)
+
+    return stripe_from_global
+
+
+def _registers(source: str):
+    declared = re.search(r"float stripe\[(\d+)\];", source)
+    return int(declared.group(1)) if declared else None
 
 
 def lower():
@@ -81,10 +104,12 @@ def run() -> str:
 def check():
     """Fixed when the stripe holds REGS_PER_THREAD registers a thread; the bug, any other count."""
     src = lower()
-    declared = re.search(r"float stripe\[(\d+)\];", src)
     reduce = re.search(r"for \(int (\w+) = 0; \1 < (\d+); \+\+\1\) \{\s*\n\s*\w+\[\w+\] = max\(", src)
-    regs = int(declared.group(1)) if declared else None
+    regs, control_regs = _registers(src), _registers(lower_sm90a(control(), PASS_CONFIGS))
     per_row = int(reduce.group(2)) if reduce else None
-    return verdict(regs is not None and regs != REGS_PER_THREAD, regs == REGS_PER_THREAD,
+    control_ok = control_regs == REGS_PER_THREAD
+    return verdict(control_ok and regs is not None and regs != REGS_PER_THREAD,
+                   control_ok and regs == REGS_PER_THREAD,
                    f"`float stripe[{regs}]`; the reduction walks {per_row} registers a row of "
-                   f"the {REGS_PER_THREAD // 2} the copy wrote")
+                   f"the {REGS_PER_THREAD // 2} the copy wrote; control (stripe from global): "
+                   f"`float stripe[{control_regs}]`")
