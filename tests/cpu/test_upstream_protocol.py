@@ -51,9 +51,6 @@ def test_a_script_runs_alone_and_fails_for_the_stated_reason(tmp_path):
     assert "bug signature found: fence after the wait covers [4096] registers" in done.stdout
 
 
-LAB_WORDS = ("ws_lab", "ws-lab", "NOTES", "kernels/", "session", "the lab", "coop", "tests/")
-
-
 def test_every_pin_states_triage_impact_links_and_a_control():
     from ws_lab import repro
     from ws_lab.upstream import TRIAGES
@@ -67,19 +64,15 @@ def test_every_pin_states_triage_impact_links_and_a_control():
 
 
 @pytest.mark.parametrize("name", ["smem_reuse_without_syncs", "fence_proxy_for_unrelated_smem"])
-def test_a_bundle_opens_with_its_triage_and_says_nothing_of_the_lab(name):
-    """What a maintainer reads: triage and impact first, the script, the control, the emitted
-    code of both; for the fence pins the SASS facts of kernel and control. No lab paths."""
+def test_a_bundle_opens_with_its_triage(name):
+    """Triage and impact first; the fence pins add the SASS facts of kernel and control (every
+    pin's sections: tests/cpu/test_codegen.py)."""
     from ws_lab import repro
 
     text = repro.bundle(name)
     mod = repro._module(name)
     assert text.splitlines()[2].startswith(f"**Triage: {mod.TRIAGE}.** Impact: ")
-    for section in ("## Reproduce", "## The control (what works)", "## Emitted CUDA (excerpt): control"):
-        assert section in text, section
     assert ("## ptxas -v / SASS, kernel and control" in text) == (name in repro.FENCE_PINS)
-    found = [w for w in LAB_WORDS if w in text]
-    assert not found, found
 
 
 def test_the_reuse_pin_kernel_has_its_own_barriers():
