@@ -32,8 +32,8 @@ import triton.language as tl
 
 from ws_lab.check import refuse_overlapping_out, require_device, validate_scale
 from ws_lab.kernels import LOG2E
-from ws_lab.kernels.paged import (MIN_DOT_ROWS, _arrival_counters, _merge_heads, _sm_count,
-                                  merge_chunk)
+from ws_lab.kernels.paged import (MIN_DOT_ROWS, _arrival_counters, _sm_count,
+                                  _store_partials, merge_chunk)
 
 HEAD_DIMS = (64, 128)
 DTYPES = (torch.float16, torch.bfloat16)
@@ -122,22 +122,9 @@ def _fused_decode_kernel(Q, KNew, VNew, KCache, VCache, Cos, Sin, Positions, Blo
         m = m_new
     g_ok = g < GROUP
     if SPLIT:
-        n_seg = tl.num_programs(2)
-        row = (b * n_q_heads + heads) * n_seg + seg  # scratch (B, Hq, segments)
-        tl.store(MScratch + row, m, mask=g_ok)
-        tl.store(LScratch + row, l, mask=g_ok)
-        part = tl.where(l[:, None] > 0, acc / l[:, None], 0.0)
-        tl.store(AccScratch + row[:, None] * D + d[None, :],
-                 part.to(AccScratch.dtype.element_ty), mask=g_ok[:, None])
-        # every thread's stores precede the arrival; the last program acquires them and merges
-        tl.debug_barrier()
-        counter = Arrivals + b * n_kv_heads + kvh
-        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == n_seg - 1:
-            for h0 in range(0, GROUP, MERGE_HEADS):
-                _merge_heads(MScratch, LScratch, AccScratch, Out, b, kvh * GROUP + h0,
-                             GROUP - h0, n_q_heads, n_seg, n_q_heads * D, D, D, D, SEG_PAD,
-                             MERGE_HEADS)
-            tl.store(counter, 0)  # zero again for the next call (CUDA-graph replays)
+        _store_partials(MScratch, LScratch, AccScratch, Out, Arrivals + b * n_kv_heads + kvh,
+                        m, l, acc, b, kvh, seg, heads, g_ok, d, tl.num_programs(2), n_q_heads,
+                        n_q_heads * D, D, GROUP, D, D, SEG_PAD, MERGE_HEADS, True)
     else:
         tl.store(Out + rows[:, None] + d[None, :], (acc / l[:, None]).to(Out.dtype.element_ty),
                  mask=g_ok[:, None])

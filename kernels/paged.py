@@ -213,31 +213,43 @@ def _decode_gqa_kernel(Q, K, V, BlockTable, ContextLens, Out, MScratch, LScratch
         # at the top: there, measured, the early grid took 12 % off the two-wave gqa rows.
         gdc_launch_dependents()
     if SPLIT:
-        n_seg = tl.num_programs(2)
-        heads_total = tl.num_programs(1) * GROUP
-        row = (b * heads_total + heads) * n_seg + seg  # scratch (B, Hq, segments)
-        tl.store(MScratch + row, m, mask=g_ok)
-        tl.store(LScratch + row, l, mask=g_ok)
-        # Normalized, in the input dtype (vLLM v2 and FlashInfer keep partial outputs so): half
-        # the scratch bytes of fp32; an empty segment (l = 0) stores zeros.
-        part = tl.where(l[:, None] > 0, acc / l[:, None], 0.0)
-        tl.store(AccScratch + row[:, None] * D_PAD + d[None, :],
-                 part.to(AccScratch.dtype.element_ty), mask=g_ok[:, None])
-        if MERGE_IN_KERNEL:
-            # Every thread's scratch stores precede the (single-thread, release) arrival; the
-            # program that arrives last acquires them all and merges the group.
-            tl.debug_barrier()
-            counter = Arrivals + b * tl.num_programs(1) + kvh
-            if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == n_seg - 1:
-                for h0 in range(0, GROUP, MERGE_HEADS):
-                    _merge_heads(MScratch, LScratch, AccScratch, Out, b, kvh * GROUP + h0,
-                                 GROUP - h0, heads_total, n_seg, stride_ob, stride_oh, D, D_PAD,
-                                 SEG_PAD, MERGE_HEADS)
-                tl.store(counter, 0)  # zero again for the next call (CUDA-graph replays)
+        kv_heads = tl.num_programs(1)
+        _store_partials(MScratch, LScratch, AccScratch, Out, Arrivals + b * kv_heads + kvh, m, l,
+                        acc, b, kvh, seg, heads, g_ok, d, tl.num_programs(2), kv_heads * GROUP,
+                        stride_ob, stride_oh, GROUP, D, D_PAD, SEG_PAD, MERGE_HEADS,
+                        MERGE_IN_KERNEL)
     else:
         out = tl.where(l[:, None] > 0, acc / l[:, None], 0.0)  # empty context: zeros
         tl.store(Out + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
                  out.to(Out.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _store_partials(MScratch, LScratch, AccScratch, Out, counter, m, l, acc, b, kvh, seg, heads,
+                    g_ok, d, n_seg, heads_total, stride_ob, stride_oh, GROUP: tl.constexpr,
+                    D: tl.constexpr, D_PAD: tl.constexpr, SEG_PAD: tl.constexpr,
+                    MERGE_HEADS: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr):
+    """A split program's epilogue: its (m, l) and normalized partial O into scratch (B, Hq,
+    segments) — in the input dtype, as vLLM v2 and FlashInfer keep partial outputs: half the
+    scratch bytes of fp32; an empty segment (l = 0) stores zeros. With MERGE_IN_KERNEL the
+    program that arrives last at ``counter`` (int32, zero between calls) merges the group's
+    heads into Out and zeroes the counter again (CUDA-graph replays)."""
+    row = (b * heads_total + heads) * n_seg + seg
+    tl.store(MScratch + row, m, mask=g_ok)
+    tl.store(LScratch + row, l, mask=g_ok)
+    part = tl.where(l[:, None] > 0, acc / l[:, None], 0.0)
+    tl.store(AccScratch + row[:, None] * D_PAD + d[None, :],
+             part.to(AccScratch.dtype.element_ty), mask=g_ok[:, None])
+    if MERGE_IN_KERNEL:
+        # Every thread's scratch stores precede the (single-thread, release) arrival; the
+        # program that arrives last acquires them all and merges the group.
+        tl.debug_barrier()
+        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == n_seg - 1:
+            for h0 in range(0, GROUP, MERGE_HEADS):
+                _merge_heads(MScratch, LScratch, AccScratch, Out, b, kvh * GROUP + h0,
+                             GROUP - h0, heads_total, n_seg, stride_ob, stride_oh, D, D_PAD,
+                             SEG_PAD, MERGE_HEADS)
+            tl.store(counter, 0)
 
 
 @triton.jit

@@ -113,6 +113,8 @@ def bundle(name: str) -> str:
     """The report to paste into a TileLang issue: triage and impact first, the self-contained
     repro.py, what it prints here, the control, the emitted code of both, the SASS facts of the
     fence pins."""
+    import tilelang
+
     from ws_lab.upstream import lower_sm90a
 
     mod = _module(name)
@@ -123,8 +125,6 @@ def bundle(name: str) -> str:
     facts = (f"\n## ptxas -v / SASS, kernel and control (nvcc, sm_90a)\n{sass_facts(mod)}\n"
              if name in FENCE_PINS else "")
     links = "\n".join(f"- {link}" for link in mod.LINKS)
-    import tilelang
-
     return f"""# TileLang: {mod.TITLE}
 
 **Triage: {mod.TRIAGE}.** Impact: {mod.IMPACT}.
