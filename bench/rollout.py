@@ -25,8 +25,9 @@ def _parser():
     ap.add_argument("--batch", type=int, default=64, help="sequences (default 64)")
     ap.add_argument("--prompt", type=int, default=200, help="prompt tokens (default 200)")
     ap.add_argument("--new", type=int, default=256, help="new tokens per sequence (default 256)")
-    ap.add_argument("--paths", default="hf-dynamic,hf-static,lab-sdpa,lab-fused",
-                    help="comma-separated paths to time (default: all four)")
+    ap.add_argument("--paths", default="hf-dynamic,hf-static,lab-sdpa,lab-fused,lab-fused-cublas",
+                    help="comma-separated paths to time (default: all five; lab-fused-cublas "
+                         "is the fused loop on cuBLAS GEMMs)")
     ap.add_argument("--grpo", action="store_true",
                     help="also run one Dr. GRPO step (rollout, log-probs, update) and print "
                          "its breakdown")
@@ -96,12 +97,16 @@ def _hf_path(hf, prompts, new, static):
     return run
 
 
-def _lab_path(hf, prompts, new, attention, eos_id):
+def _lab_path(hf, prompts, new, path, eos_id):
+    """``lab-<attention>`` on the lab's GEMMs; ``lab-fused-cublas``: the same loop on cuBLAS
+    GEMMs (the ablation of kernels/decode_layer.py's ``linear``)."""
     from ws_lab.rollout.loop import generate
     from ws_lab.rollout.model import DecodeModel
     from ws_lab.rollout.sampling import Sampling
 
-    model = DecodeModel(hf, prompts.shape[0], prompts.shape[1] + new, attention)
+    _, attention, *rest = path.split("-")
+    model = DecodeModel(hf, prompts.shape[0], prompts.shape[1] + new, attention,
+                        gemms="torch" if rest == ["cublas"] else "lab")
 
     def run(progress=None):
         return generate(model, prompts, new, Sampling(temperature=1.0, top_k=TOP_K), eos_id,
@@ -130,7 +135,7 @@ def measure(hf, prompts, new, paths):
                 run = _hf_path(hf, prompts, new, static=path == "hf-static")
                 run()
             else:
-                run = _lab_path(hf, prompts, new, path.split("-")[1], no_eos)
+                run = _lab_path(hf, prompts, new, path, no_eos)
                 run()
         update, close = _progress(new - 2, path)
         torch.cuda.synchronize()
@@ -173,7 +178,7 @@ def grpo_step(hf, args):
     prompts = prompts.repeat_interleave(group, dim=0)
     operands = operands.repeat_interleave(group, dim=0)
     policy, reference = hf, copy.deepcopy(hf).eval()
-    rollout_run = _lab_path(policy, prompts, args.new, "fused", task.eos_id)
+    rollout_run = _lab_path(policy, prompts, args.new, "lab-fused", task.eos_id)
     rollout_run()  # warm-up
     torch.cuda.synchronize()
     start = time.perf_counter()
@@ -202,7 +207,7 @@ def grpo_step(hf, args):
 def _main(argv):
     args = _parser().parse_args(argv)
     paths = [p for p in args.paths.split(",") if p]
-    known = {"hf-dynamic", "hf-static", "lab-sdpa", "lab-fused"}
+    known = {"hf-dynamic", "hf-static", "lab-sdpa", "lab-fused", "lab-fused-cublas"}
     if not paths or set(paths) - known:
         raise cli.UsageError(f"--paths takes a comma-separated subset of {sorted(known)}")
     try:

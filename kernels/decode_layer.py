@@ -1,33 +1,94 @@
-"""The elementwise parts of a Llama / Qwen2 decoder layer at decode time, one Triton launch each
-(plain torch would take 5–7 kernels per RMSNorm): the residual add fused into the RMSNorm that
-follows it, and SwiGLU's silu(gate) · up. At batch 64 every one of them is a few µs of launch;
-a 24-layer step has 48 norms and 24 SwiGLUs, so the launch count is the cost.
+"""A Llama / Qwen2 decoder layer at decode time (a few dozen rows), in Triton: the linears as
+weight-streaming GEMMs with their epilogues fused, the residual add fused into the RMSNorm that
+follows it, and SwiGLU's silu(gate) · up. At batch 64 every launch is a few µs; a 24-layer
+step has ~170 of them, so the launch count and each kernel's latency are the cost.
+
+``linear`` (counterparts: vLLM's skinny-GEMM / split-K paths, gpt-fast's int8 GEMV): each
+program streams a BLOCK_N-row slice of the weight once while the activations (≤ BLOCK_M rows)
+come from L2. Epilogues: the bias (q|k|v), SwiGLU over a [gate | up] weight (the gate and up
+slices of the same columns in one program: no (rows, 2·I) intermediate, no SwiGLU launch), or
+split-K — fp32 partials whose sum the next ``add_rmsnorm`` takes as it reads them (the o and
+down projections have N = hidden, too few columns for one wave; no reduce launch). Every kernel
+launches with programmatic dependent launch on sm_90: the next one's launch overlaps this
+one's tail, which inside a CUDA graph is most of a small kernel's cost.
 
 Counterparts: vLLM's ``fused_add_rms_norm`` and ``silu_and_mul``. Numerics follow HF's Qwen2:
-the residual sum is rounded to the model dtype, normalized in fp32, cast back, then scaled by
-the weight in the model dtype. On a CPU tensor each function is the same formula in torch (the
-rollout's CPU tests), so callers need not branch.
+each GEMM's output is rounded to the model dtype (the bias added in fp32 first, as cuBLASLt's
+epilogue), the residual sum is rounded to the model dtype, normalized in fp32, cast back, then
+scaled by the weight in the model dtype. On a CPU tensor each function is the same formula in
+torch (the rollout's CPU tests), so callers need not branch.
 """
+import os
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from ws_lab.kernels.paged import _has_pdl, _sm_count
 
 
 @triton.jit
-def _add_rmsnorm_kernel(X, Residual, Weight, Out, eps, n_cols, ADD: tl.constexpr,
-                        BLOCK: tl.constexpr):
+def _add_rmsnorm_kernel(X, Residual, Weight, Out, eps, n_cols, part_stride, ADD: tl.constexpr,
+                        PARTS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    if PDL:
+        gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < n_cols
+    # PARTS > 1: X holds a split-K linear's fp32 partials; their sum is its output
     x = tl.load(X + row * n_cols + cols, mask=ok, other=0.0)
+    for p in tl.static_range(1, PARTS):
+        x += tl.load(X + p * part_stride + row * n_cols + cols, mask=ok, other=0.0)
+    x = x.to(Out.dtype.element_ty)
+    if PDL:
+        gdc_launch_dependents()
     if ADD:
-        x = (x + tl.load(Residual + row * n_cols + cols, mask=ok, other=0.0)).to(X.dtype.element_ty)
+        x = (x + tl.load(Residual + row * n_cols + cols, mask=ok, other=0.0)).to(Out.dtype.element_ty)
         tl.store(Residual + row * n_cols + cols, x, mask=ok)
     xf = x.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / n_cols + eps)
-    normed = (xf * rstd).to(X.dtype.element_ty)
+    normed = (xf * rstd).to(Out.dtype.element_ty)
     w = tl.load(Weight + cols, mask=ok, other=0.0)
     tl.store(Out + row * n_cols + cols, (w * normed).to(Out.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _linear_kernel(X, W, Bias, Out, M, N, K, k_per_split, stride_xm, HAS_BIAS: tl.constexpr,
+                   GLU: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    """Out[m, n] = X[m, :] · W[n, :] over this program's BLOCK_N columns and K range. GLU: W is
+    [gate | up] (2N rows); Out = silu(gate) · up. SPLIT: Out is (splits, M, N) fp32 partials."""
+    if PDL:
+        gdc_wait()
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    split = tl.program_id(1)
+    m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_ok = m < M
+    k0 = split * k_per_split
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    w_rows = W + n.to(tl.int64)[:, None] * K
+    for k in range(k0, k0 + k_per_split, BLOCK_K):
+        kk = k + tl.arange(0, BLOCK_K)
+        x = tl.load(X + m[:, None] * stride_xm + kk[None, :], mask=m_ok[:, None], other=0.0)
+        acc = tl.dot(x, tl.trans(tl.load(w_rows + kk[None, :])), acc)
+        if GLU:
+            acc_up = tl.dot(x, tl.trans(tl.load(w_rows + N * K + kk[None, :])), acc_up)
+    if PDL:
+        gdc_launch_dependents()
+    out_rows = Out + m[:, None] * N + n[None, :]
+    if SPLIT:
+        tl.store(out_rows + split * M * N, acc, mask=m_ok[:, None])
+    else:
+        if HAS_BIAS:
+            acc += tl.load(Bias + n).to(tl.float32)[None, :]
+        y = acc.to(Out.dtype.element_ty)
+        if GLU:
+            gate = y.to(tl.float32)
+            y = (gate / (1.0 + tl.exp(-gate))).to(Out.dtype.element_ty) * acc_up.to(Out.dtype.element_ty)
+        tl.store(out_rows, y, mask=m_ok[:, None])
 
 
 @triton.jit
@@ -41,22 +102,97 @@ def _silu_mul_kernel(GateUp, Out, n_cols, BLOCK: tl.constexpr):
     tl.store(Out + row * n_cols + cols, silu * up, mask=ok)
 
 
+def _on_triton(t) -> bool:
+    """CUDA, or the CPU under Triton's interpreter (the interpreter tests); else the torch
+    formulas."""
+    return t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def add_rmsnorm(x, weight, eps, residual=None):
     """RMSNorm(x + residual) · weight over the last dim of a (rows, H) tensor; with
-    ``residual`` the sum is also written back into it (it carries the stream on). Returns the
-    normed rows."""
-    if not x.is_cuda:
+    ``residual`` the sum is also written back into it (it carries the stream on). ``x`` may be
+    a split-K ``linear``'s (splits, rows, H) fp32 partials: their sum, rounded to the weight's
+    dtype, is the input. Returns the normed rows."""
+    if not _on_triton(x):
+        if x.dim() == 3:
+            x = x.sum(0).to(weight.dtype)
         if residual is not None:
             residual.add_(x)
             x = residual
         xf = x.float()
         normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
         return weight * normed
-    out = torch.empty_like(x)
-    n_cols = x.shape[-1]
-    _add_rmsnorm_kernel[(x.shape[0],)](x, residual if residual is not None else x, weight, out,
-                                       eps, n_cols, ADD=residual is not None,
-                                       BLOCK=triton.next_power_of_2(n_cols), num_warps=4)
+    parts = x.shape[0] if x.dim() == 3 else 1
+    rows, n_cols = x.shape[-2:]
+    out = torch.empty(rows, n_cols, dtype=weight.dtype, device=x.device)
+    pdl = _has_pdl(x.device)
+    _add_rmsnorm_kernel[(rows,)](x, residual if residual is not None else out, weight, out, eps,
+                                 n_cols, rows * n_cols, ADD=residual is not None, PARTS=parts,
+                                 BLOCK=triton.next_power_of_2(n_cols), PDL=pdl, num_warps=4,
+                                 launch_pdl=pdl)
+    return out
+
+
+@dataclass(frozen=True)
+class LinearConfig:
+    block_n: int  # weight rows (output columns) per program
+    block_k: int
+    splits: int  # K ranges (split-K: fp32 partials, summed by add_rmsnorm)
+    num_warps: int = 4
+    num_stages: int = 4
+
+
+BLOCK_M = 64  # activation rows per program: a decode batch of ≤ 64 in one tile
+
+
+def linear_config(n, k, glu, split_ok, sm_count) -> LinearConfig:
+    """About one wave of programs (measured at M 64 on Qwen2.5-0.5B's layer, NOTES.md rollout,
+    session 17): the widest column slice (128, 64, 32, 16) that still gives ≥ SMs/2 programs —
+    lm_head 128 (110 µs; 64: 120, cuBLAS 117), gate|up 64 (9.5 µs against 11.8 at 32), q|k|v
+    16 (4.3 µs; 32: 4.6) — else, with
+    ``split_ok``, 32-column slices with K split into ≤ 2·SMs programs of whole BLOCK_K chunks
+    (128 up to K 1024, else 64): o 32 × 7 splits (4.7 µs with its norm), down 32 × 4 (9.2)."""
+    block_k = 128 if k <= 1024 and k % 128 == 0 else 64
+    for block_n in (128, 64, 32, 16):
+        if n % block_n == 0 and n // block_n >= sm_count // 2:
+            return LinearConfig(block_n, block_k, 1)
+    block_n = 16 if n % 32 else 32
+    if not split_ok:
+        return LinearConfig(block_n, block_k, 1)
+    chunks = k // block_k
+    splits = max(d for d in range(1, chunks + 1)
+                 if chunks % d == 0 and (n // block_n) * d <= 2 * sm_count)
+    return LinearConfig(block_n, block_k, splits)
+
+
+def linear(x, weight, bias=None, *, glu=False, split_ok=False, config: LinearConfig | None = None):
+    """x (M, K) @ weight.T for decode-sized M. ``bias`` (N,) added in fp32. ``glu``: weight is
+    [gate | up] (2N, K) and the result silu(x·gate.T) · (x·up.T), (M, N). ``split_ok``: the
+    result may come back as (splits, M, N) fp32 partials (for ``add_rmsnorm``, which sums
+    them). ``config`` overrides ``linear_config`` (for tuning)."""
+    n = weight.shape[0] // 2 if glu else weight.shape[0]
+    if not _on_triton(x):
+        y = torch.nn.functional.linear(x, weight, bias)
+        return silu_mul(y) if glu else y
+    m, k = x.shape
+    if x.stride(1) != 1 or not weight.is_contiguous() or weight.shape[1] != k:
+        raise ValueError(f"linear: x {tuple(x.shape)} (unit stride in K) and a contiguous "
+                         f"weight of K = {k} columns expected, got {tuple(weight.shape)}")
+    cfg = config or linear_config(n, k, glu, split_ok, _sm_count(x.device))
+    if n % cfg.block_n or k % (cfg.block_k * cfg.splits):
+        raise ValueError(f"linear: N {n} and K {k} must be multiples of the config's "
+                         f"{cfg.block_n} and {cfg.block_k}·{cfg.splits}")
+    if cfg.splits > 1:
+        out = torch.empty(cfg.splits, m, n, dtype=torch.float32, device=x.device)
+    else:
+        out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    pdl = _has_pdl(x.device)
+    grid = (n // cfg.block_n, cfg.splits, triton.cdiv(m, BLOCK_M))
+    _linear_kernel[grid](x, weight, bias if bias is not None else weight, out, m, n, k,
+                         k // cfg.splits, x.stride(0), HAS_BIAS=bias is not None, GLU=glu,
+                         SPLIT=cfg.splits > 1, BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n,
+                         BLOCK_K=cfg.block_k, PDL=pdl, num_warps=cfg.num_warps,
+                         num_stages=cfg.num_stages, launch_pdl=pdl)
     return out
 
 

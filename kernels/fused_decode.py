@@ -19,7 +19,9 @@ program reads only cache tokens < position — no program reads a slot written i
 With more than one segment each program leaves (m, l, O/l) in scratch and the last to arrive
 merges its group (an int32 arrival counter it resets), as kernels/paged.py's in-kernel merge.
 The segment count comes from shapes only (no host sync), so the call captures in a CUDA graph
-and compiles once under ``torch.compile`` while positions advance.
+and compiles once under ``torch.compile`` while positions advance. On sm_90 it launches with
+programmatic dependent launch (waits for its inputs' writer at the top, lets the next kernel
+launch after its main loop), as kernels/paged.py and the decode layer's kernels.
 
 Positions are clamped in the kernel to [0, capacity − 1]; ``check_positions=True`` refuses an
 out-of-range position on the host instead (it synchronizes).
@@ -32,13 +34,22 @@ import triton.language as tl
 
 from ws_lab.check import refuse_overlapping_out, require_device, validate_scale
 from ws_lab.kernels import LOG2E
-from ws_lab.kernels.paged import (MIN_DOT_ROWS, _arrival_counters, _sm_count,
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from ws_lab.kernels.paged import (MIN_DOT_ROWS, _arrival_counters, _has_pdl, _sm_count,
                                   _store_partials, merge_chunk)
 
 HEAD_DIMS = (64, 128)
 DTYPES = (torch.float16, torch.bfloat16)
 TILE = 64  # cache tokens per step: a 16 KB K tile at D 128
-NUM_WARPS, NUM_STAGES = 4, 3
+NUM_STAGES = 3
+
+
+def num_warps_for(head_dim: int) -> int:
+    """4 warps; 2 at D 64, where a (16, 64) query-group tile leaves 4 warps little to share:
+    Qwen2.5-0.5B B 64 (14/2 heads, 456 positions), 24 layers in a graph: 9.3 against 10.7 µs
+    a layer at position 328, 10.3 against 12.3 at 450 (NOTES.md rollout, session 17)."""
+    return 2 if head_dim <= 64 else 4
 WAVES = 2  # aim the (B, Hkv, segment) grid at this many waves of programs
 MAX_SEGMENTS = 16
 
@@ -70,7 +81,10 @@ def _fused_decode_kernel(Q, KNew, VNew, KCache, VCache, Cos, Sin, Positions, Blo
                          stride_knb, stride_vnb,
                          GROUP: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr,
                          TILE_N: tl.constexpr, PAGED: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                         SPLIT: tl.constexpr, MERGE_HEADS: tl.constexpr, SEG_PAD: tl.constexpr):
+                         SPLIT: tl.constexpr, MERGE_HEADS: tl.constexpr, SEG_PAD: tl.constexpr,
+                         PDL: tl.constexpr):
+    if PDL:
+        gdc_wait()  # launched early (programmatic dependent launch): q/k/v's writer first
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     seg = tl.program_id(2)
@@ -120,6 +134,8 @@ def _fused_decode_kernel(Q, KNew, VNew, KCache, VCache, Cos, Sin, Positions, Blo
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         l = l * alpha + tl.sum(p, axis=1)
         m = m_new
+    if PDL:
+        gdc_launch_dependents()  # after the loop, as kernels/paged.py (measured there)
     g_ok = g < GROUP
     if SPLIT:
         _store_partials(MScratch, LScratch, AccScratch, Out, Arrivals + b * n_kv_heads + kvh,
@@ -259,6 +275,8 @@ def _launch(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, block_table,
         m_scratch = l_scratch = acc_scratch = out
         arrivals = positions
     paged = block_table is not None
+    pdl = _has_pdl(q.device)
+    num_warps = num_warps_for(head_dim)
     _fused_decode_kernel[(batch, kv_heads, n_seg)](
         q, k_new, v_new, k_cache, v_cache, cos, sin, positions,
         block_table if paged else positions, out, m_scratch, l_scratch, acc_scratch, arrivals,
@@ -266,8 +284,8 @@ def _launch(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, block_table,
         block_table.stride(0) if paged else 0, q.stride(0), k_new.stride(0), v_new.stride(0),
         GROUP=group, G_PAD=max(MIN_DOT_ROWS, triton.next_power_of_2(group)), D=head_dim,
         TILE_N=TILE, PAGED=paged, BLOCK_SIZE=k_cache.shape[1] if paged else 1, SPLIT=split,
-        MERGE_HEADS=merge_chunk(group, NUM_WARPS, seg_pad, head_dim), SEG_PAD=seg_pad,
-        num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+        MERGE_HEADS=merge_chunk(group, num_warps, seg_pad, head_dim), SEG_PAD=seg_pad,
+        PDL=pdl, num_warps=num_warps, num_stages=NUM_STAGES, launch_pdl=pdl)
     return out
 
 
@@ -338,6 +356,7 @@ def static_specs(heads, kv_heads, head_dim, dtype="float16", paged=False):
                  LScratch="*fp32", AccScratch=elem, Arrivals="*i32", scale_log2="fp32")
     meta = dict(GROUP=group, G_PAD=max(MIN_DOT_ROWS, triton.next_power_of_2(group)), D=head_dim,
                 TILE_N=TILE, PAGED=paged, BLOCK_SIZE=16 if paged else 1, SPLIT=True,
-                MERGE_HEADS=merge_chunk(group, NUM_WARPS, 4, head_dim), SEG_PAD=4)
+                MERGE_HEADS=merge_chunk(group, num_warps_for(head_dim), 4, head_dim), SEG_PAD=4,
+                PDL=True)
     return [StaticSpec(f"fused_decode{'_paged' if paged else ''}", _fused_decode_kernel, types,
-                       meta, dict(num_warps=NUM_WARPS, num_stages=NUM_STAGES))]
+                       meta, dict(num_warps=num_warps_for(head_dim), num_stages=NUM_STAGES))]

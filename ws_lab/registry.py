@@ -89,7 +89,8 @@ def supported_shapes(name: str) -> list[Shape]:
 # ``Kernel``s; the harness reaches them through ``decode(name)``, never by module path.
 DECODE: dict[str, str] = {"paged": "ws_lab.kernels.paged",
                           "fused": "ws_lab.kernels.fused_decode",
-                          "layer_ops": "ws_lab.kernels.decode_layer"}
+                          "layer_ops": "ws_lab.kernels.decode_layer",
+                          "sampling": "ws_lab.kernels.sampling"}
 
 
 def decode(name: str):

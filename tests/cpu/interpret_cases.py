@@ -10,6 +10,11 @@ PAGED = [(3, 4, 1, 64, 16, [1, 17, 513]), (2, 8, 1, 80, 8, [17, 1]), (1, 32, 1, 
 MHA = [(s, causal) for s in (40, 97) for causal in (False, True)]
 # fused decode (fp16; the interpreter's bf16 dot is wrong, GPU tests cover bf16):
 # (batch, Hq, Hkv, D, capacity, positions, block size or None for the static cache)
+# the decode layer's linear (fp16; M, N, K, epilogue, LinearConfig fields or None for the rule)
+LINEAR = [(5, 64, 256, "bias", None), (64, 32, 256, "glu", (16, 64, 1)),
+          (7, 64, 512, "split", (16, 64, 4)), (3, 48, 128, "plain", (16, 128, 1))]
+# top-k sampling (fp32 logits, rows, vocab, k): draws outside the k largest, and k = 1 = argmax
+SAMPLING = [(3, 8192, 50), (4, 6400, 1), (2, 8000, 7)]
 FUSED = [(3, 14, 2, 64, 160, [0, 1, 159], None), (2, 8, 8, 128, 130, [77, 5], None),
          (2, 32, 8, 128, 96, [95, 40], 16), (4, 14, 2, 64, 64, [63, 0, 31, 17], 8)]
 
@@ -60,11 +65,61 @@ def main():
         out = fn(q, kc, vc, table, lens, out=torch.full_like(q, float("nan")))
         results[f"paged-{name}-lengths-clamped"] = [
             oracle.rel_l2(out, oracle.paged_attention_ref(q, kc, vc, table, lens)), 1e-5]
+    _linear_cases(results)
+    _sampling_cases(results)
     # the in-kernel merge ran and left its arrival counters zeroed for the next call: [sum, 0]
     counters = list(paged._ARRIVALS.values())
     results["paged-arrival-counters-reset"] = [
         float(sum(int(c.sum()) for c in counters)) if counters else float("inf"), 0.0]
     print(json.dumps(results))
+
+
+def _linear_cases(results):
+    """linear vs float64 (rel-L2), the split-K case through add_rmsnorm's sum of partials."""
+    import torch
+
+    from ws_lab import oracle
+    from ws_lab.kernels import decode_layer as dl
+
+    for m, n, k, epilogue, fields in LINEAR:
+        cfg = dl.LinearConfig(*fields) if fields else None
+        x = torch.randn(m, k).half()
+        w = (torch.randn(2 * n if epilogue == "glu" else n, k) / k ** 0.5).half()
+        bias = torch.randn(n).half() if epilogue == "bias" else None
+        ref = x.double() @ w.double().t()
+        name = f"linear-{epilogue}-M{m}-N{n}-K{k}"
+        if epilogue == "split":
+            residual, weight = torch.randn(m, n).half(), torch.randn(n).half()
+            total = residual.double() + ref
+            ref = weight.double() * total / (total.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt()
+            parts = dl.linear(x, w, split_ok=True, config=cfg)
+            results[name + "-partials"] = [0.0 if parts.shape == (fields[2], m, n) else 1.0, 0.0]
+            out = dl.add_rmsnorm(parts, weight, 1e-6, residual)
+            results[name + "-residual"] = [oracle.rel_l2(residual, total), 2e-3]
+        else:
+            if bias is not None:
+                ref = ref + bias.double()
+            if epilogue == "glu":
+                ref = torch.nn.functional.silu(ref[:, :n]) * ref[:, n:]
+            out = dl.linear(x, w, bias, glu=epilogue == "glu", config=cfg)
+        results[name] = [oracle.rel_l2(out, ref), 2e-3]
+
+
+def _sampling_cases(results):
+    import torch
+
+    from ws_lab.kernels import sampling
+
+    for rows, vocab, k in SAMPLING:
+        logits = torch.randn(rows, vocab)
+        ids = sampling.top_k_sample(logits, k, 1.0)
+        top = torch.topk(logits, k).indices
+        outside = sum(int(i) not in set(t.tolist()) for i, t in zip(ids, top))
+        results[f"sampling-outside-top{k}-V{vocab}"] = [float(outside), 0.0]
+    logits = torch.randn(4, 8192)
+    greedy = sampling.top_k_sample(logits, 50, 1e-4)  # Gumbel noise ≪ the logit gaps / T
+    results["sampling-cold-draw-is-argmax"] = [
+        float((greedy != logits.argmax(-1)).sum()), 0.0]
 
 
 if __name__ == "__main__":

@@ -307,3 +307,37 @@ def test_fused_decode_op_fake_refuses_like_the_op():
     meta = [t.to("meta") for t in args.values()]
     with pytest.raises(ValueError, match="cos has 31 rows"):
         torch.ops.ws_lab.fused_decode(*meta, 0.125)
+
+
+@pytest.mark.parametrize("logits, k, temperature, message", [
+    (torch.randn(4, 8192), 50, 1.0, "needs a CUDA"),  # a CPU tensor without the interpreter
+    ("interp", 0, 1.0, "1 ≤ k"),
+    ("interp", 129, 1.0, "1 ≤ k"),
+    ("interp", 65, 1.0, "chunks"),  # 8192 columns: 64 chunks of 128 < k
+    ("interp", 50, 0.0, "temperature must be > 0"),
+    ("interp-int", 50, 1.0, "2-D"),
+    ("interp-3d", 50, 1.0, "2-D"),
+])
+def test_top_k_sample_refuses(logits, k, temperature, message, monkeypatch):
+    from ws_lab.kernels import sampling
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    if isinstance(logits, str):
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        logits = {"interp": torch.randn(4, 8192), "interp-int": torch.zeros(4, 8192, dtype=torch.int32),
+                  "interp-3d": torch.randn(2, 4, 8192)}[logits]
+    with pytest.raises(ValueError, match=message):
+        sampling.top_k_sample(logits, k, temperature)
+
+
+@pytest.mark.parametrize("weight, message", [
+    (torch.randn(64, 128).t(), "contiguous weight"),
+    (torch.randn(64, 96).half(), "K = 128"),
+    (torch.randn(40, 128).half(), "multiples"),
+])
+def test_linear_refuses(weight, message, monkeypatch):
+    from ws_lab.kernels import decode_layer
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(ValueError, match=message):
+        decode_layer.linear(torch.randn(4, 128).half(), weight.half())

@@ -1,6 +1,8 @@
 """Every paged mode and the MHA kernel under TRITON_INTERPRET=1 vs the float64 oracle (fp32 and
 fp16; ragged context lengths 1/17/513, scattered blocks, groups 1/4/8/32, head dims 80/96;
-lengths past the table clamped, empty ones zero); the LLaMA block traced by Dynamo with
+lengths past the table clamped, empty ones zero); the decode layer's linear (bias, SwiGLU,
+split-K summed by the RMSNorm) and the top-k sampler (draws inside the k largest, a cold draw
+is the argmax); the LLaMA block traced by Dynamo with
 fullgraph=True. Input validation: test_bad_inputs.py."""
 import dataclasses
 import json
@@ -30,7 +32,10 @@ def interpreted():
 # per dtype: every paged variant on every case, every MHA case; then the clamped-lengths case
 # per variant, three checks per fused-decode case, and the counter check
 EXPECTED = (2 * len(interpret_cases.PAGED) * len(variants()) + 2 * len(interpret_cases.MHA)
-            + len(variants()) + 3 * len(interpret_cases.FUSED) + 1)
+            + len(variants()) + 3 * len(interpret_cases.FUSED) + 1
+            + len(interpret_cases.LINEAR) + 2 * sum(e == "split" for *_, e, _ in
+                                                    interpret_cases.LINEAR)
+            + len(interpret_cases.SAMPLING) + 1)
 
 
 def test_every_case_ran(interpreted):

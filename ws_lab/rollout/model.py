@@ -5,6 +5,11 @@ logits: embedding, per layer (residual add + RMSNorm, one q|k|v GEMM, attention,
 residual add + RMSNorm, one gate|up GEMM, SwiGLU, down GEMM), final norm, lm_head. Nothing in it
 reads a value on the host, so the whole step captures as one CUDA graph.
 
+GEMMs are ``"lab"`` (kernels/decode_layer.py's ``linear``: weight-streaming Triton GEMMs with
+the bias and SwiGLU in their epilogues, the o and down projections split over K with the sum
+taken by the next RMSNorm; five launches a layer where cuBLAS takes seven; the lm_head too)
+or ``"torch"`` (cuBLAS through torch, the ablation).
+
 Attention is ``"fused"`` (kernels/fused_decode.py: RoPE, the cache write and attention over
 [0, position] in one launch) or ``"sdpa"`` (HF's path: RoPE in torch, a scatter into the static
 cache, SDPA over the whole cache under a mask). Both keep HF StaticCache's layout, per layer
@@ -21,14 +26,19 @@ from ws_lab import registry
 from ws_lab.decode_cases import apply_rope
 
 ATTENTION = ("fused", "sdpa")
+GEMMS = ("lab", "torch")
 
 
 class DecodeModel:
-    def __init__(self, hf_model, batch: int, capacity: int, attention: str = "fused"):
+    def __init__(self, hf_model, batch: int, capacity: int, attention: str = "fused",
+                 gemms: str = "lab"):
         if attention not in ATTENTION:
             raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")
+        if gemms not in GEMMS:
+            raise ValueError(f"gemms must be one of {GEMMS}, got {gemms!r}")
         cfg = hf_model.config
         self.hf, self.attention, self.capacity = hf_model, attention, capacity
+        self.lab_gemms = gemms == "lab"
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
         self.eps = cfg.rms_norm_eps
@@ -92,17 +102,26 @@ class DecodeModel:
                 normed = self.ops.add_rmsnorm(hidden, w["norm_in"], self.eps)
             else:
                 normed = self.ops.add_rmsnorm(hidden, w["norm_in"], self.eps, residual)
-            qkv = torch.addmm(w["qkv_b"], normed, w["qkv_w"].t())
+            qkv = self._linear(normed, w["qkv_w"], w["qkv_b"])
             q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
             q = q.reshape(batch, self.heads, self.head_dim)
             k = k.reshape(batch, self.kv_heads, self.head_dim)
             v = v.reshape(batch, self.kv_heads, self.head_dim)
             attn = self._attend(i, q, k, v, positions, rope)
-            hidden = attn.reshape(batch, q_size) @ w["o_w"].t()
+            hidden = self._linear(attn.reshape(batch, q_size), w["o_w"], into_norm=True)
             normed = self.ops.add_rmsnorm(hidden, w["norm_post"], self.eps, residual)
-            hidden = self.ops.silu_mul(normed @ w["gate_up_w"].t()) @ w["down_w"].t()
+            hidden = self._linear(self._linear(normed, w["gate_up_w"], glu=True), w["down_w"],
+                                  into_norm=True)
         normed = self.ops.add_rmsnorm(hidden, self.norm, self.eps, residual)
-        return normed @ self.lm_head.t()
+        return self._linear(normed, self.lm_head)
+
+    def _linear(self, x, weight, bias=None, glu=False, into_norm=False):
+        """x @ weight.T (+ bias; SwiGLU over [gate | up] with ``glu``). ``into_norm``: the
+        result only feeds ``add_rmsnorm``, so the lab's GEMM may hand over split-K partials."""
+        if self.lab_gemms:
+            return self.ops.linear(x, weight, bias, glu=glu, split_ok=into_norm)
+        y = x @ weight.t() if bias is None else torch.addmm(bias, x, weight.t())
+        return self.ops.silu_mul(y) if glu else y
 
     def _attend(self, i, q, k, v, positions, rope):
         if self.fused:

@@ -4,11 +4,14 @@
 temperature, top-p (keep the smallest set of tokens whose probability reaches p), then the
 Gumbel-max draw: argmax(logits − log(−log u)), u ~ U(0, 1) from torch's generator, which CUDA
 graphs replay with a fresh offset each time. (Top-k before the temperature selects the same
-tokens: dividing by a positive temperature keeps their order.)
+tokens: dividing by a positive temperature keeps their order.) Top-k without top-p on CUDA
+runs kernels/sampling.py's two launches (the same draw: the k largest, then Gumbel-max).
 """
 from dataclasses import dataclass
 
 import torch
+
+from ws_lab import registry
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,10 @@ def sample(logits: torch.Tensor, cfg: Sampling) -> torch.Tensor:
     session 15's profile), and this path makes one."""
     if cfg.temperature == 0:
         return logits.argmax(dim=-1)
+    if cfg.top_k and cfg.top_p == 1:
+        kernels = registry.decode("sampling")
+        if kernels.supported(logits, cfg.top_k):  # two launches instead of torch.topk's radix passes
+            return kernels.top_k_sample(logits, cfg.top_k, cfg.temperature)
     if cfg.top_k:
         values, ids = torch.topk(logits, min(cfg.top_k, logits.shape[-1]), dim=-1)
         return ids.gather(-1, _draw(values.float() / cfg.temperature, cfg.top_p, ordered=True))[:, 0]

@@ -1,0 +1,144 @@
+"""Top-k sampling over a large vocabulary in two Triton launches, inside a captured decode step.
+
+Counterparts: FlashInfer's ``top_k_sampling_from_probs`` (rejection sampling over a pivot),
+vLLM's FlashInfer / PyTorch top-k samplers. At Qwen2's 151936-token vocabulary and B 64,
+``torch.topk`` costs ~121 µs a step (multi-block radix select: 2-bit digits, 8 passes over
+every row; NOTES.md rollout, session 17) — a tenth of the lab's decode step.
+
+  1. ``_chunk_max_kernel`` (grid rows × blocks of chunks): the maximum of every CHUNK columns,
+     one pass over the logits.
+  2. ``_top_k_sample_kernel`` (one program per row):
+     - the K chunks with the largest maxima: every one of the row's K largest values lies in
+       one of them (a value ≥ the K-th largest lies in a chunk whose maximum is ≥ it, and at
+       least K chunk maxima are ≥ the K-th largest chunk maximum, which is ≤ the K-th largest
+       value). Ties at the K-th chunk maximum are filled in column order;
+     - among those K · CHUNK candidates, the K largest: a bisection on the order-preserving
+       int32 key of each value for the K-th largest key τ, then every key > τ plus the
+       first (K − #>τ) keys = τ in column order — the set torch.topk returns, up to which of
+       equal values it takes;
+     - the Gumbel-max draw over that set: argmax(logit / T − log(−log u)), u from Philox at a
+       seed read from device memory (a fresh ``torch.randint`` each call, so graph replays
+       draw fresh numbers).
+  The chunk ids pass between the two phases of program 2 through a (rows, K_PAD) int32 scratch
+  (no register scatter in Triton), with a barrier between the store and the load.
+
+Temperature and top-k only; top-p needs the K values sorted and takes the torch path
+(``ws_lab.rollout.sampling``).
+"""
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+CHUNK = 128  # columns per chunk: the candidates are K · CHUNK values a row
+CHUNKS_PER_PROGRAM = 32
+MAX_K = 128
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@triton.jit
+def _order_key(x):
+    """int32 whose signed order is the float order of x (fp32 bits; negatives flipped)."""
+    bits = x.to(tl.float32).to(tl.int32, bitcast=True)
+    return tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+
+
+@triton.jit
+def _kth_largest_key(keys, K: tl.constexpr):
+    """The largest t with count(keys ≥ t) ≥ K (the K-th largest key), by bisection over int32."""
+    lo = tl.min(keys).to(tl.int64)  # count(keys ≥ lo) = all ≥ K
+    hi = tl.max(keys).to(tl.int64) + 1  # count(keys ≥ hi) = 0 < K
+    for _ in range(33):
+        mid = (lo + hi) // 2
+        enough = tl.sum((keys >= mid).to(tl.int32)) >= K
+        lo = tl.where(enough, mid, lo)
+        hi = tl.where(enough, hi, mid)
+    return lo.to(tl.int32)
+
+
+@triton.jit
+def _first_k(keys, K: tl.constexpr):
+    """Mask of the K largest keys: every key above the K-th largest, then ties in flat order."""
+    tau = _kth_largest_key(keys, K)
+    above = keys > tau
+    tie = keys == tau
+    tie_rank = tl.cumsum(tie.to(tl.int32), axis=0)  # 1-based rank among ties
+    return above | (tie & (tie_rank <= K - tl.sum(above.to(tl.int32))))
+
+
+@triton.jit
+def _chunk_max_kernel(Logits, Maxes, cols, n_chunks, stride_row, CHUNK: tl.constexpr,
+                      PER_PROGRAM: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1) * PER_PROGRAM + tl.arange(0, PER_PROGRAM)
+    col = chunk[:, None] * CHUNK + tl.arange(0, CHUNK)[None, :]
+    x = tl.load(Logits + row * stride_row + col, mask=col < cols, other=float("-inf"))
+    tl.store(Maxes + row * n_chunks + chunk, tl.max(x.to(tl.float32), axis=1),
+             mask=chunk < n_chunks)
+
+
+@triton.jit
+def _top_k_sample_kernel(Logits, Maxes, ChunkScratch, Seed, Out, cols, n_chunks, stride_row,
+                         inv_temperature, K: tl.constexpr, K_PAD: tl.constexpr,
+                         CHUNK: tl.constexpr, CHUNKS_PAD: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    # the K chunks with the largest maxima, compacted through the scratch row
+    c = tl.arange(0, CHUNKS_PAD)
+    maxes = tl.load(Maxes + row * n_chunks + c, mask=c < n_chunks, other=float("-inf"))
+    keep = _first_k(_order_key(maxes), K) & (c < n_chunks)
+    slot = tl.cumsum(keep.to(tl.int32), axis=0) - 1
+    tl.store(ChunkScratch + row * K_PAD + slot, c, mask=keep)
+    tl.debug_barrier()
+    s = tl.arange(0, K_PAD)
+    chunk = tl.load(ChunkScratch + row * K_PAD + s, mask=s < K, other=0)
+    # the K largest of their K · CHUNK values
+    col = chunk[:, None] * CHUNK + tl.arange(0, CHUNK)[None, :]
+    ok = (s < K)[:, None] & (col < cols)
+    x = tl.load(Logits + row * stride_row + col, mask=ok, other=float("-inf")).to(tl.float32)
+    flat_x = tl.reshape(x, [K_PAD * CHUNK])
+    flat_col = tl.reshape(col, [K_PAD * CHUNK])
+    flat_ok = tl.reshape(ok, [K_PAD * CHUNK])
+    top = _first_k(tl.where(flat_ok, _order_key(flat_x), -2147483647 - 1), K) & flat_ok
+    # Gumbel-max over them
+    u = tl.rand(tl.load(Seed), row * cols + flat_col)
+    gumbel = -tl.log(-tl.log(tl.maximum(u, 1e-20)))
+    score = tl.where(top, flat_x * inv_temperature + gumbel, float("-inf"))
+    best = tl.argmax(score, axis=0)
+    token = tl.sum(tl.where(tl.arange(0, K_PAD * CHUNK) == best, flat_col, 0))
+    tl.store(Out + row, token.to(tl.int64))
+
+
+def supported(logits: torch.Tensor, k: int) -> bool:
+    """Whether ``top_k_sample`` takes this call: a CUDA (or interpreted CPU) 2-D float tensor
+    with unit column stride, 1 ≤ k ≤ MAX_K and at least k chunks."""
+    on_triton = logits.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+    return (on_triton and logits.dim() == 2 and logits.dtype in DTYPES
+            and logits.stride(-1) == 1 and 1 <= k <= MAX_K
+            and triton.cdiv(logits.shape[1], CHUNK) >= k)
+
+
+def top_k_sample(logits: torch.Tensor, k: int, temperature: float) -> torch.Tensor:
+    """(rows, V) logits -> (rows,) int64: one draw per row from softmax(logits / temperature)
+    restricted to the row's k largest logits."""
+    if not supported(logits, k):
+        raise ValueError(f"top_k_sample: needs a CUDA 2-D {DTYPES} tensor with unit column "
+                         f"stride and 1 ≤ k ≤ min({MAX_K}, chunks); got {logits.dtype} "
+                         f"{tuple(logits.shape)} on {logits.device}, k={k}")
+    if not temperature > 0:
+        raise ValueError(f"top_k_sample: temperature must be > 0, got {temperature}")
+    rows, cols = logits.shape
+    n_chunks = triton.cdiv(cols, CHUNK)
+    k_pad = triton.next_power_of_2(k)
+    maxes = torch.empty(rows, n_chunks, dtype=torch.float32, device=logits.device)
+    scratch = torch.empty(rows, k_pad, dtype=torch.int32, device=logits.device)
+    seed = torch.randint(0, 2**31 - 1, (1,), dtype=torch.int64, device=logits.device)
+    out = torch.empty(rows, dtype=torch.int64, device=logits.device)
+    _chunk_max_kernel[(rows, triton.cdiv(n_chunks, CHUNKS_PER_PROGRAM))](
+        logits, maxes, cols, n_chunks, logits.stride(0), CHUNK=CHUNK,
+        PER_PROGRAM=CHUNKS_PER_PROGRAM, num_warps=4)
+    _top_k_sample_kernel[(rows,)](
+        logits, maxes, scratch, seed, out, cols, n_chunks, logits.stride(0), 1.0 / temperature,
+        K=k, K_PAD=k_pad, CHUNK=CHUNK, CHUNKS_PAD=triton.next_power_of_2(n_chunks),
+        num_warps=8)
+    return out
