@@ -13,7 +13,7 @@ every row; NOTES.md rollout, session 17) — a tenth of the lab's decode step.
        least K chunk maxima are ≥ the K-th largest chunk maximum, which is ≤ the K-th largest
        value). Ties at the K-th chunk maximum are filled in column order;
      - among those K · CHUNK candidates, the K largest: a bisection on the order-preserving
-       int32 key of each value for the K-th largest key τ, then every key > τ plus the
+       int32 key of each value (its zero low bits shifted out) for the K-th largest key τ, then every key > τ plus the
        first (K − #>τ) keys = τ in column order — the set torch.topk returns, up to which of
        equal values it takes;
      - the Gumbel-max draw over that set: argmax(logit / T − log(−log u)), u from Philox at a
@@ -35,21 +35,25 @@ CHUNK = 128  # columns per chunk: the candidates are K · CHUNK values a row
 CHUNKS_PER_PROGRAM = 32
 MAX_K = 128
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+KEY_SHIFT = {torch.float16: 13, torch.bfloat16: 16, torch.float32: 0}  # zero low bits in fp32
 
 
 @triton.jit
-def _order_key(x):
-    """int32 whose signed order is the float order of x (fp32 bits; negatives flipped)."""
+def _order_key(x, SHIFT: tl.constexpr):
+    """int32 whose signed order is the float order of x (fp32 bits; negatives flipped),
+    shifted right by SHIFT: the fp32 bits of an fp16 (bf16) value end in 13 (16) zero bits,
+    so the shift is exact and leaves the bisection 19 (16) bits to search instead of 32."""
     bits = x.to(tl.float32).to(tl.int32, bitcast=True)
-    return tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+    return tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF) >> SHIFT
 
 
 @triton.jit
 def _kth_largest_key(keys, K: tl.constexpr):
-    """The largest t with count(keys ≥ t) ≥ K (the K-th largest key), by bisection over int32."""
+    """The largest t with count(keys ≥ t) ≥ K (the K-th largest key), by bisection over the
+    keys' range [min, max]: one block-wide count per halving."""
     lo = tl.min(keys).to(tl.int64)  # count(keys ≥ lo) = all ≥ K
     hi = tl.max(keys).to(tl.int64) + 1  # count(keys ≥ hi) = 0 < K
-    for _ in range(33):
+    while hi - lo > 1:
         mid = (lo + hi) // 2
         enough = tl.sum((keys >= mid).to(tl.int32)) >= K
         lo = tl.where(enough, mid, lo)
@@ -81,12 +85,12 @@ def _chunk_max_kernel(Logits, Maxes, cols, n_chunks, stride_row, CHUNK: tl.const
 @triton.jit
 def _top_k_sample_kernel(Logits, Maxes, ChunkScratch, Seed, Out, cols, n_chunks, stride_row,
                          inv_temperature, K: tl.constexpr, K_PAD: tl.constexpr,
-                         CHUNK: tl.constexpr, CHUNKS_PAD: tl.constexpr):
+                         CHUNK: tl.constexpr, CHUNKS_PAD: tl.constexpr, SHIFT: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     # the K chunks with the largest maxima, compacted through the scratch row
     c = tl.arange(0, CHUNKS_PAD)
     maxes = tl.load(Maxes + row * n_chunks + c, mask=c < n_chunks, other=float("-inf"))
-    keep = _first_k(_order_key(maxes), K) & (c < n_chunks)
+    keep = _first_k(_order_key(maxes, SHIFT), K) & (c < n_chunks)
     slot = tl.cumsum(keep.to(tl.int32), axis=0) - 1
     tl.store(ChunkScratch + row * K_PAD + slot, c, mask=keep)
     tl.debug_barrier()
@@ -99,7 +103,7 @@ def _top_k_sample_kernel(Logits, Maxes, ChunkScratch, Seed, Out, cols, n_chunks,
     flat_x = tl.reshape(x, [K_PAD * CHUNK])
     flat_col = tl.reshape(col, [K_PAD * CHUNK])
     flat_ok = tl.reshape(ok, [K_PAD * CHUNK])
-    top = _first_k(tl.where(flat_ok, _order_key(flat_x), -2147483647 - 1), K) & flat_ok
+    top = _first_k(tl.where(flat_ok, _order_key(flat_x, SHIFT), -2147483647 - 1), K) & flat_ok
     # Gumbel-max over them
     u = tl.rand(tl.load(Seed), row * cols + flat_col)
     gumbel = -tl.log(-tl.log(tl.maximum(u, 1e-20)))
@@ -140,5 +144,5 @@ def top_k_sample(logits: torch.Tensor, k: int, temperature: float) -> torch.Tens
     _top_k_sample_kernel[(rows,)](
         logits, maxes, scratch, seed, out, cols, n_chunks, logits.stride(0), 1.0 / temperature,
         K=k, K_PAD=k_pad, CHUNK=CHUNK, CHUNKS_PAD=triton.next_power_of_2(n_chunks),
-        num_warps=8)
+        SHIFT=KEY_SHIFT[logits.dtype], num_warps=8)
     return out

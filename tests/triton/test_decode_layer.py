@@ -51,7 +51,7 @@ def test_linear_matches_float64(name, rows, dtype):
     assert oracle.rel_l2(out, ref) <= LINEAR_TOLERANCE[dtype]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("k", [1, 50, 128])
 def test_top_k_draws_stay_in_the_k_largest(k, dtype):
     logits = torch.randn(64, VOCAB, device="cuda").to(dtype)
