@@ -313,7 +313,7 @@ def test_fused_decode_op_fake_refuses_like_the_op():
     (torch.randn(4, 8192), 50, 1.0, "needs a CUDA"),  # a CPU tensor without the interpreter
     ("interp", 0, 1.0, "1 ≤ k"),
     ("interp", 129, 1.0, "1 ≤ k"),
-    ("interp", 65, 1.0, "chunks"),  # 8192 columns: 64 chunks of 128 < k
+    ("interp-narrow", 65, 1.0, "chunks"),  # 4096 columns: 64 chunks of 64 < k
     ("interp", 50, 0.0, "temperature must be > 0"),
     ("interp-int", 50, 1.0, "2-D"),
     ("interp-3d", 50, 1.0, "2-D"),
@@ -324,7 +324,8 @@ def test_top_k_sample_refuses(logits, k, temperature, message, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     if isinstance(logits, str):
         monkeypatch.setenv("TRITON_INTERPRET", "1")
-        logits = {"interp": torch.randn(4, 8192), "interp-int": torch.zeros(4, 8192, dtype=torch.int32),
+        logits = {"interp": torch.randn(4, 8192), "interp-narrow": torch.randn(4, 4096),
+                  "interp-int": torch.zeros(4, 8192, dtype=torch.int32),
                   "interp-3d": torch.randn(2, 4, 8192)}[logits]
     with pytest.raises(ValueError, match=message):
         sampling.top_k_sample(logits, k, temperature)
