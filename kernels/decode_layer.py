@@ -177,6 +177,9 @@ def linear(x, weight, bias=None, *, glu=False, split_ok=False, config: LinearCon
         y = torch.nn.functional.linear(x, weight, bias)
         return silu_mul(y) if glu else y
     m, k = x.shape
+    if weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
+        raise TypeError(f"linear: x, weight and bias must share a dtype, got {x.dtype}, "
+                        f"{weight.dtype}, {None if bias is None else bias.dtype}")
     if x.stride(1) != 1 or not weight.is_contiguous() or weight.shape[1] != k:
         raise ValueError(f"linear: x {tuple(x.shape)} (unit stride in K) and a contiguous "
                          f"weight of K = {k} columns expected, got {tuple(weight.shape)}")

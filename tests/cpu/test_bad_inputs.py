@@ -342,3 +342,11 @@ def test_linear_refuses(weight, message, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     with pytest.raises(ValueError, match=message):
         decode_layer.linear(torch.randn(4, 128).half(), weight.half())
+
+
+def test_linear_refuses_mixed_dtypes(monkeypatch):
+    from ws_lab.kernels import decode_layer
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(TypeError, match="share a dtype"):
+        decode_layer.linear(torch.randn(4, 128).half(), torch.randn(64, 128))
