@@ -18,7 +18,6 @@ epilogue), the residual sum is rounded to the model dtype, normalized in fp32, c
 scaled by the weight in the model dtype. On a CPU tensor each function is the same formula in
 torch (the rollout's CPU tests), so callers need not branch.
 """
-import os
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +25,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from ws_lab.check import runs_triton
 from ws_lab.kernels.paged import _has_pdl, _sm_count
 
 
@@ -52,6 +52,14 @@ def _add_rmsnorm_kernel(X, Residual, Weight, Out, eps, n_cols, part_stride, ADD:
     normed = (xf * rstd).to(Out.dtype.element_ty)
     w = tl.load(Weight + cols, mask=ok, other=0.0)
     tl.store(Out + row * n_cols + cols, (w * normed).to(Out.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _silu_mul(gate, up):
+    """silu(gate) · up as HF's Qwen2 MLP rounds it: silu in fp32 of the dtype-rounded gate, cast
+    back, times up in the dtype."""
+    g = gate.to(tl.float32)
+    return (g / (1.0 + tl.exp(-g))).to(up.dtype) * up
 
 
 @triton.jit
@@ -86,8 +94,7 @@ def _linear_kernel(X, W, Bias, Out, M, N, K, k_per_split, stride_xm, HAS_BIAS: t
             acc += tl.load(Bias + n).to(tl.float32)[None, :]
         y = acc.to(Out.dtype.element_ty)
         if GLU:
-            gate = y.to(tl.float32)
-            y = (gate / (1.0 + tl.exp(-gate))).to(Out.dtype.element_ty) * acc_up.to(Out.dtype.element_ty)
+            y = _silu_mul(y, acc_up.to(Out.dtype.element_ty))
         tl.store(out_rows, y, mask=m_ok[:, None])
 
 
@@ -96,16 +103,9 @@ def _silu_mul_kernel(GateUp, Out, n_cols, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < n_cols
-    gate = tl.load(GateUp + row * 2 * n_cols + cols, mask=ok, other=0.0).to(tl.float32)
+    gate = tl.load(GateUp + row * 2 * n_cols + cols, mask=ok, other=0.0)
     up = tl.load(GateUp + row * 2 * n_cols + n_cols + cols, mask=ok, other=0.0)
-    silu = (gate / (1.0 + tl.exp(-gate))).to(up.dtype)
-    tl.store(Out + row * n_cols + cols, silu * up, mask=ok)
-
-
-def _on_triton(t) -> bool:
-    """CUDA, or the CPU under Triton's interpreter (the interpreter tests); else the torch
-    formulas."""
-    return t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+    tl.store(Out + row * n_cols + cols, _silu_mul(gate, up), mask=ok)
 
 
 def add_rmsnorm(x, weight, eps, residual=None):
@@ -113,7 +113,7 @@ def add_rmsnorm(x, weight, eps, residual=None):
     ``residual`` the sum is also written back into it (it carries the stream on). ``x`` may be
     a split-K ``linear``'s (splits, rows, H) fp32 partials: their sum, rounded to the weight's
     dtype, is the input. Returns the normed rows."""
-    if not _on_triton(x):
+    if not runs_triton(x.device):
         if x.dim() == 3:
             x = x.sum(0).to(weight.dtype)
         if residual is not None:
@@ -149,10 +149,9 @@ def linear_config(n, k, glu, split_ok, sm_count) -> LinearConfig:
     """About one wave of programs (measured at M 64 on Qwen2.5-0.5B's layer, NOTES.md rollout,
     session 17): the widest column slice (128, 64, 32, 16) that still gives ≥ SMs/2 programs —
     lm_head 128 (110 µs; 64: 120, cuBLAS 117), gate|up 64 (9.5 µs against 11.8 at 32), q|k|v
-    16 (4.3 µs; 32: 4.6) — else, with
-    ``split_ok``, 32-column slices with K split into ≤ 2·SMs programs of whole BLOCK_K chunks
-    (128 up to K 1024, else 64): o 32 × 7 splits (4.7 µs with its norm), down 32 × 4 on 6
-    stages (8.0 µs with its norm; 4 stages 9.2)."""
+    16 (4.3 µs; 32: 4.6) — else, with ``split_ok``, 32-column slices with K split into ≤ 2·SMs
+    programs of whole BLOCK_K chunks (128 up to K 1024, else 64): o 32 × 7 splits (4.7 µs with
+    its norm), down 32 × 4 on 6 stages (8.0 µs with its norm; 4 stages 9.2)."""
     block_k = 128 if k <= 1024 and k % 128 == 0 else 64
     for block_n in (128, 64, 32, 16):
         if n % block_n == 0 and n // block_n >= sm_count // 2:
@@ -173,7 +172,7 @@ def linear(x, weight, bias=None, *, glu=False, split_ok=False, config: LinearCon
     result may come back as (splits, M, N) fp32 partials (for ``add_rmsnorm``, which sums
     them). ``config`` overrides ``linear_config`` (for tuning)."""
     n = weight.shape[0] // 2 if glu else weight.shape[0]
-    if not _on_triton(x):
+    if not runs_triton(x.device):
         y = torch.nn.functional.linear(x, weight, bias)
         return silu_mul(y) if glu else y
     m, k = x.shape

@@ -13,9 +13,9 @@ every row; NOTES.md rollout, session 17) — a tenth of the lab's decode step.
        least K chunk maxima are ≥ the K-th largest chunk maximum, which is ≤ the K-th largest
        value). Ties at the K-th chunk maximum are filled in column order;
      - among those K · CHUNK candidates, the K largest: a bisection on the order-preserving
-       int32 key of each value (its zero low bits shifted out) for the K-th largest key τ, then every key > τ plus the
-       first (K − #>τ) keys = τ in column order — the set torch.topk returns, up to which of
-       equal values it takes;
+       int32 key of each value (its zero low bits shifted out) for the K-th largest key τ,
+       then every key > τ plus the first (K − #>τ) keys = τ in column order — the set
+       torch.topk returns, up to which of equal values it takes;
      - the Gumbel-max draw over that set: argmax(logit / T − log(−log u)), u from Philox at a
        seed read from device memory (a fresh ``torch.randint`` each call, so graph replays
        draw fresh numbers).
@@ -25,11 +25,11 @@ every row; NOTES.md rollout, session 17) — a tenth of the lab's decode step.
 Temperature and top-k only; top-p needs the K values sorted and takes the torch path
 (``ws_lab.rollout.sampling``).
 """
-import os
-
 import torch
 import triton
 import triton.language as tl
+
+from ws_lab.check import runs_triton
 
 # columns per chunk: the candidates are K · CHUNK values a row. 64: 38.6–39.8 µs a call at
 # (64, 151936) bf16, k 50; 128: 44.6 (torch.topk: 126; NOTES.md rollout, session 17)
@@ -118,8 +118,7 @@ def _top_k_sample_kernel(Logits, Maxes, ChunkScratch, Seed, Out, cols, n_chunks,
 def supported(logits: torch.Tensor, k: int) -> bool:
     """Whether ``top_k_sample`` takes this call: a CUDA (or interpreted CPU) 2-D float tensor
     with unit column stride, 1 ≤ k ≤ MAX_K and at least k chunks."""
-    on_triton = logits.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
-    return (on_triton and logits.dim() == 2 and logits.dtype in DTYPES
+    return (runs_triton(logits.device) and logits.dim() == 2 and logits.dtype in DTYPES
             and logits.stride(-1) == 1 and 1 <= k <= MAX_K
             and triton.cdiv(logits.shape[1], CHUNK) >= k)
 

@@ -113,13 +113,19 @@ def validate_scale(softmax_scale, head_dim: int) -> float:
     return float(softmax_scale)
 
 
+def runs_triton(device) -> bool:
+    """Whether Triton kernels run on ``device``: CUDA, or the CPU under TRITON_INTERPRET=1."""
+    return device.type == "cuda" or (device.type == "cpu"
+                                     and os.environ.get("TRITON_INTERPRET") == "1")
+
+
 def require_device(device, devices: str) -> None:
-    """``devices``: "cuda" — CUDA only; "triton" — CUDA, or the CPU under TRITON_INTERPRET=1
-    (Triton's interpreter); "any" — no check (fake tensors)."""
+    """``devices``: "cuda" — CUDA only; "triton" — ``runs_triton`` (CUDA, or the CPU under
+    Triton's interpreter); "any" — no check (fake tensors)."""
     if devices == "any" or device.type == "cuda":
         return
     if devices == "triton":
-        if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
+        if runs_triton(device):
             return
         raise ValueError(f"inputs must be CUDA tensors (CPU tensors only under "
                          f"TRITON_INTERPRET=1), got {device.type} tensors")
