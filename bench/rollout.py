@@ -6,9 +6,11 @@ same prompts, the same sampling (temperature 1, top-k 50: HF's default), no earl
     python bench/rollout.py                       # 64 sequences, 200 prompt + 256 new tokens
     python bench/rollout.py --grpo                # plus one Dr. GRPO step's breakdown
 
-Per path: ms per decode step (prefill excluded), tokens/s, the GPU's busy fraction (kernel time
-over wall time, torch.profiler) and the HBM floor (weights + the mean K/V read once a step).
+Per path: ms per decode step (prefill excluded; the median of --rounds runs, the paths shuffled
+each round, and its range), tokens/s, the GPU's busy fraction (kernel time over wall time,
+torch.profiler) and the HBM floor (weights + the mean K/V read once a step).
 """
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -28,6 +30,8 @@ def _parser():
     ap.add_argument("--paths", default="hf-dynamic,hf-static,lab-sdpa,lab-fused,lab-fused-cublas",
                     help="comma-separated paths to time (default: all five; lab-fused-cublas "
                          "is the fused loop on cuBLAS GEMMs)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="timed runs per path, the paths shuffled each round (default 3)")
     ap.add_argument("--grpo", action="store_true",
                     help="also run one Dr. GRPO step (rollout, log-probs, update) and print "
                          "its breakdown")
@@ -115,7 +119,12 @@ def _lab_path(hf, prompts, new, path, eos_id):
     return run
 
 
-def measure(hf, prompts, new, paths):
+def measure(hf, prompts, new, paths, rounds):
+    """Each path warmed up once, then timed in ``rounds`` rounds, the paths in a fresh random
+    order each round (HF's host-bound generate and the lab's graph replays see the same drift);
+    per path the median ms per decode step, its range and the GPU's busy fraction."""
+    import random
+
     import torch
 
     from ws_lab.rollout.config import QWEN25_05B
@@ -128,28 +137,43 @@ def measure(hf, prompts, new, paths):
         hf(prompts, logits_to_keep=1)
         torch.cuda.synchronize()
         prefill_s = time.perf_counter() - start
-    results = {}
+    runs = {}
     for path in paths:
         with cli.status(f"{path}: warm-up run (compiles)"):
             if path.startswith("hf"):
-                run = _hf_path(hf, prompts, new, static=path == "hf-static")
-                run()
+                runs[path] = _hf_path(hf, prompts, new, static=path == "hf-static")
             else:
-                run = _lab_path(hf, prompts, new, path, no_eos)
-                run()
-        update, close = _progress(new - 2, path)
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        out = run(update) if path.startswith("lab") else run()
-        torch.cuda.synchronize()
-        close()
-        if path.startswith("lab"):
-            ms = out.ms_per_step
-        else:
-            ms = 1e3 * (time.perf_counter() - start - prefill_s) / (new - 1)
-        results[path] = dict(ms=ms, busy=_busy_fraction(run))
-        print(f"{path}: {ms:.3f} ms per decode step", file=sys.stderr, flush=True)
+                runs[path] = _lab_path(hf, prompts, new, path, no_eos)
+            runs[path]()
+    times = {path: [] for path in paths}
+    for r in range(rounds):
+        for path in random.sample(paths, len(paths)):
+            label = f"round {r + 1}/{rounds}"
+            times[path].append(_time_ms(runs[path], path, new, prefill_s, label))
+    results = {}
+    for path in paths:
+        ms = statistics.median(times[path])
+        results[path] = dict(ms=ms, low=min(times[path]), high=max(times[path]),
+                             busy=_busy_fraction(runs[path]))
+        print(f"{path}: {ms:.3f} ms per decode step (median of {rounds})", file=sys.stderr,
+              flush=True)
     return results, prefill_s
+
+
+def _time_ms(run, path, new, prefill_s, label):
+    """One timed run's ms per decode step: the lab loop's own figure (prefill excluded), or
+    HF's wall time less the prefill over its new - 1 decode steps."""
+    import torch
+
+    update, close = _progress(new - 2, f"{path} {label}")
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    out = run(update) if path.startswith("lab") else run()
+    torch.cuda.synchronize()
+    close()
+    if path.startswith("lab"):
+        return out.ms_per_step
+    return 1e3 * (time.perf_counter() - start - prefill_s) / (new - 1)
 
 
 def floor_ms(hf, batch, prompt, new, read_gbps):
@@ -210,6 +234,8 @@ def _main(argv):
     known = {"hf-dynamic", "hf-static", "lab-sdpa", "lab-fused", "lab-fused-cublas"}
     if not paths or set(paths) - known:
         raise cli.UsageError(f"--paths takes a comma-separated subset of {sorted(known)}")
+    if args.rounds < 1:
+        raise cli.UsageError(f"--rounds must be at least 1, got {args.rounds}")
     try:
         import transformers  # noqa: F401
     except ImportError:
@@ -228,20 +254,22 @@ def _main(argv):
     gen = torch.Generator(device="cuda").manual_seed(0)
     prompts = torch.randint(0, hf.config.vocab_size, (args.batch, args.prompt), generator=gen,
                             device="cuda")
-    results, prefill_s = measure(hf, prompts, args.new, paths)
+    results, prefill_s = measure(hf, prompts, args.new, paths, args.rounds)
     floor, weights, kv = floor_ms(hf, args.batch, args.prompt, args.new, read_gbps)
     print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}, read ceiling "
           f"{read_gbps:.0f} GB/s; B {args.batch}, {args.prompt} + {args.new} tokens; prefill "
           f"{1e3 * prefill_s:.1f} ms (excluded)\n")
-    print("| path | ms per decode step | tokens/s | GPU busy | × HF static |")
-    print("|---|---|---|---|---|")
+    print(f"| path | ms per decode step (median of {args.rounds}) | range | tokens/s | GPU busy "
+          f"| × HF static |")
+    print("|---|---|---|---|---|---|")
     static = results.get("hf-static", {}).get("ms")
     for path, r in results.items():
         busy = "n/a" if r["busy"] is None else f"{100 * r['busy']:.0f} %"
         gap = f"{static / r['ms']:.2f}" if static else "n/a"
-        print(f"| {path} | {r['ms']:.3f} | {args.batch * 1e3 / r['ms']:,.0f} | {busy} | {gap} |")
+        print(f"| {path} | {r['ms']:.3f} | {r['low']:.3f}–{r['high']:.3f} | "
+              f"{args.batch * 1e3 / r['ms']:,.0f} | {busy} | {gap} |")
     print(f"| HBM floor ({weights / 1e9:.2f} GB weights + {kv / 1e9:.3f} GB mean K/V) | "
-          f"{floor:.3f} | | | |")
+          f"{floor:.3f} | | | | |")
     if args.grpo:
         grpo_step(hf, args)
 

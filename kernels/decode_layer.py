@@ -54,6 +54,59 @@ def _add_rmsnorm_kernel(X, Residual, Weight, Out, eps, n_cols, part_stride, ADD:
     tl.store(Out + row * n_cols + cols, (w * normed).to(Out.dtype.element_ty), mask=ok)
 
 
+# The paced L2 prefetch: PREFETCH_PROGRAMS programs each ask for a PREFETCH_PIECE every
+# PREFETCH_GAP SM cycles, ~1.1 TB/s together at 1.755 GHz. Faster queues the step's own loads
+# behind it, slower lets a step's 24 prefetches outlast the step (NOTES.md rollout, session 18).
+PREFETCH_PROGRAMS = 8
+PREFETCH_PIECE = 64 * 1024
+PREFETCH_GAP = 835
+
+
+@triton.jit
+def _clock():
+    return tl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=tl.int64,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
+def _prefetch_l2_kernel(Base, nbytes, PIECE: tl.constexpr, GAP: tl.constexpr):
+    """Program p asks the L2 for pieces p, p + P, … of [Base, + nbytes), one
+    ``cp.async.bulk.prefetch.L2`` from its first thread every GAP cycles (the bytes are not
+    waited for; the program retires once they have landed)."""
+    n_pieces = tl.cdiv(nbytes, PIECE)
+    t0 = _clock()
+    piece = tl.program_id(0)
+    issued = 0
+    while piece < n_pieces:
+        start = piece.to(tl.int64) * PIECE
+        size = tl.minimum(nbytes - start, PIECE).to(tl.int32)
+        tl.inline_asm_elementwise(
+            "{ .reg .u32 t; .reg .pred p; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; "
+            "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }", "=r,l,r",
+            [Base.to(tl.pointer_type(tl.int8)) + start, size], dtype=tl.int32, is_pure=False,
+            pack=1)
+        issued += 1
+        now = t0
+        while now - t0 < issued * GAP:
+            now = _clock()
+        piece += tl.num_programs(0)
+
+
+def prefetch_l2(t: torch.Tensor):
+    """Asks the L2 for a contiguous tensor's bytes at a paced ~1.1 TB/s (sm_90; elsewhere a
+    no-op): a hint that changes no result. A decode step's kernels are latency-bound and leave
+    HBM idle most of the time, and a GEMM whose weights are already in L2 runs faster
+    (Qwen2.5-0.5B, B 64, µs cold / in L2: q|k|v 4.65 / 3.59, gate|up 10.15 / 8.01, down
+    7.33 / 5.47; NOTES.md rollout, session 18). Launch it on a side stream, ahead of the GEMMs
+    that read the bytes: issued from a kernel on the critical path, it lengthens that kernel."""
+    if not t.is_contiguous():
+        raise ValueError("prefetch_l2: a contiguous tensor expected")
+    nbytes = t.numel() * t.element_size() // 16 * 16
+    if nbytes and _has_pdl(t.device):
+        _prefetch_l2_kernel[(PREFETCH_PROGRAMS,)](t, nbytes, PIECE=PREFETCH_PIECE,
+                                                  GAP=PREFETCH_GAP, num_warps=1)
+
+
 @triton.jit
 def _silu_mul(gate, up):
     """silu(gate) · up as HF's Qwen2 MLP rounds it: silu in fp32 of the dtype-rounded gate, cast
@@ -63,11 +116,13 @@ def _silu_mul(gate, up):
 
 
 @triton.jit
-def _linear_kernel(X, W, Bias, Out, M, N, K, k_per_split, stride_xm, HAS_BIAS: tl.constexpr,
-                   GLU: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+def _linear_kernel(X, W, Bias, Out, ChunkMax, M, N, K, k_per_split, stride_xm,
+                   HAS_BIAS: tl.constexpr, GLU: tl.constexpr, SPLIT: tl.constexpr,
+                   CHUNK_MAX: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     """Out[m, n] = X[m, :] · W[n, :] over this program's BLOCK_N columns and K range. GLU: W is
-    [gate | up] (2N rows); Out = silu(gate) · up. SPLIT: Out is (splits, M, N) fp32 partials."""
+    [gate | up] (2N rows); Out = silu(gate) · up. SPLIT: Out is (splits, M, N) fp32 partials.
+    CHUNK_MAX > 0: also ChunkMax[m, c] = max(Out[m, c·CHUNK_MAX : (c + 1)·CHUNK_MAX])."""
     if PDL:
         gdc_wait()
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -96,6 +151,12 @@ def _linear_kernel(X, W, Bias, Out, M, N, K, k_per_split, stride_xm, HAS_BIAS: t
         if GLU:
             y = _silu_mul(y, acc_up.to(Out.dtype.element_ty))
         tl.store(out_rows, y, mask=m_ok[:, None])
+        if CHUNK_MAX > 0:  # of the rounded outputs, as a pass over Out would find them
+            PER: tl.constexpr = BLOCK_N // CHUNK_MAX
+            top = tl.max(tl.reshape(y.to(tl.float32), [BLOCK_M, PER, CHUNK_MAX]), axis=2)
+            chunk = tl.program_id(0) * PER + tl.arange(0, PER)
+            tl.store(ChunkMax + m[:, None] * (N // CHUNK_MAX) + chunk[None, :], top,
+                     mask=m_ok[:, None])
 
 
 @triton.jit
@@ -166,15 +227,26 @@ def linear_config(n, k, glu, split_ok, sm_count) -> LinearConfig:
     return LinearConfig(block_n, block_k, splits, num_stages=6 if chunks // splits > 8 else 4)
 
 
-def linear(x, weight, bias=None, *, glu=False, split_ok=False, config: LinearConfig | None = None):
+def config_for(device, n, k, glu=False, split_ok=False) -> LinearConfig:
+    """The config ``linear`` picks for an (N, K) weight on ``device``."""
+    return linear_config(n, k, glu, split_ok, _sm_count(device))
+
+
+def linear(x, weight, bias=None, *, glu=False, split_ok=False, config: LinearConfig | None = None,
+           chunk_max: torch.Tensor | None = None):
     """x (M, K) @ weight.T for decode-sized M. ``bias`` (N,) added in fp32. ``glu``: weight is
     [gate | up] (2N, K) and the result silu(x·gate.T) · (x·up.T), (M, N). ``split_ok``: the
     result may come back as (splits, M, N) fp32 partials (for ``add_rmsnorm``, which sums
-    them). ``config`` overrides ``linear_config`` (for tuning)."""
+    them). ``config`` overrides ``linear_config`` (for tuning). ``chunk_max``: an (M, N / C)
+    fp32 tensor that also receives the maximum of every C consecutive outputs of a row (the
+    lm_head hands the top-k sampler its first pass, kernels/sampling.py)."""
     n = weight.shape[0] // 2 if glu else weight.shape[0]
     if not runs_triton(x.device):
         y = torch.nn.functional.linear(x, weight, bias)
-        return silu_mul(y) if glu else y
+        y = silu_mul(y) if glu else y
+        if chunk_max is not None:
+            chunk_max.copy_(y.float().view(y.shape[0], chunk_max.shape[-1], -1).amax(-1))
+        return y
     m, k = x.shape
     if weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
         raise TypeError(f"linear: x, weight and bias must share a dtype, got {x.dtype}, "
@@ -182,22 +254,44 @@ def linear(x, weight, bias=None, *, glu=False, split_ok=False, config: LinearCon
     if x.stride(1) != 1 or not weight.is_contiguous() or weight.shape[1] != k:
         raise ValueError(f"linear: x {tuple(x.shape)} (unit stride in K) and a contiguous "
                          f"weight of K = {k} columns expected, got {tuple(weight.shape)}")
-    cfg = config or linear_config(n, k, glu, split_ok, _sm_count(x.device))
+    cfg = config or config_for(x.device, n, k, glu, split_ok)
     if n % cfg.block_n or k % (cfg.block_k * cfg.splits):
         raise ValueError(f"linear: N {n} and K {k} must be multiples of the config's "
                          f"{cfg.block_n} and {cfg.block_k}·{cfg.splits}")
+    if chunk_max is not None and chunk_max.device != x.device:
+        raise ValueError(f"linear: chunk_max is on {chunk_max.device}, x on {x.device}")
+    chunk = _check_chunk_max(chunk_max, m, n, cfg)
     if cfg.splits > 1:
         out = torch.empty(cfg.splits, m, n, dtype=torch.float32, device=x.device)
     else:
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     pdl = _has_pdl(x.device)
     grid = (n // cfg.block_n, cfg.splits, triton.cdiv(m, BLOCK_M))
-    _linear_kernel[grid](x, weight, bias if bias is not None else weight, out, m, n, k,
-                         k // cfg.splits, x.stride(0), HAS_BIAS=bias is not None, GLU=glu,
-                         SPLIT=cfg.splits > 1, BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n,
+    _linear_kernel[grid](x, weight, bias if bias is not None else weight, out,
+                         out if chunk_max is None else chunk_max, m, n, k, k // cfg.splits,
+                         x.stride(0), HAS_BIAS=bias is not None, GLU=glu, SPLIT=cfg.splits > 1,
+                         CHUNK_MAX=chunk, BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n,
                          BLOCK_K=cfg.block_k, PDL=pdl, num_warps=cfg.num_warps,
                          num_stages=cfg.num_stages, launch_pdl=pdl)
     return out
+
+
+def _check_chunk_max(chunk_max, m, n, cfg) -> int:
+    """The chunk width C of an (M, N / C) fp32 ``chunk_max`` (0 without one); C must divide the
+    config's BLOCK_N, and a split-K result has no rounded outputs to take maxima of."""
+    if chunk_max is None:
+        return 0
+    if chunk_max.dtype != torch.float32 or not chunk_max.is_contiguous():
+        raise ValueError(f"linear: chunk_max must be a contiguous float32 tensor, got "
+                         f"{chunk_max.dtype} with strides {chunk_max.stride()}")
+    chunks = chunk_max.shape[-1] if chunk_max.dim() == 2 else 0
+    if not chunks or n % chunks or chunk_max.shape[0] != m:
+        raise ValueError(f"linear: chunk_max must be ({m}, {n} / C) for a chunk width C, got "
+                         f"{tuple(chunk_max.shape)}")
+    if cfg.block_n % (n // chunks) or cfg.splits > 1:
+        raise ValueError(f"linear: chunk_max's chunk width {n // chunks} must divide the "
+                         f"config's BLOCK_N {cfg.block_n}, without split-K ({cfg.splits} splits)")
+    return n // chunks
 
 
 SILU_BLOCK = 1024
@@ -213,3 +307,27 @@ def silu_mul(gate_up):
     _silu_mul_kernel[(gate_up.shape[0], triton.cdiv(n_cols, SILU_BLOCK))](
         gate_up, out, n_cols, BLOCK=SILU_BLOCK, num_warps=4)
     return out
+
+
+def static_specs(hidden=896, intermediate=4864, dtype="bfloat16"):
+    """sm_90 specializations for the static report: the gate|up GEMM (SwiGLU epilogue) and the
+    split-K down GEMM at Qwen2.5-0.5B's sizes, with the configs the rule picks on an H100, and
+    the paced L2 prefetch."""
+    from ws_lab.triton_static import StaticSpec
+
+    elem = {"float16": "*fp16", "bfloat16": "*bf16"}[dtype]
+    specs = []
+    for name, n, k, glu in (("linear_gate_up", intermediate, hidden, True),
+                            ("linear_down", hidden, intermediate, False)):
+        cfg = linear_config(n, k, glu, not glu, 132)
+        types = dict(X=elem, W=elem, Bias=elem, Out="*fp32" if cfg.splits > 1 else elem,
+                     ChunkMax="*fp32", M="i32", N="i32", K="i32", k_per_split="i32",
+                     stride_xm="i32")
+        meta = dict(HAS_BIAS=False, GLU=glu, SPLIT=cfg.splits > 1, CHUNK_MAX=0, BLOCK_M=BLOCK_M,
+                    BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PDL=True)
+        specs.append(StaticSpec(name, _linear_kernel, types, meta,
+                                dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
+                                divisible=("N", "K", "k_per_split", "stride_xm")))
+    specs.append(StaticSpec("prefetch_l2", _prefetch_l2_kernel, dict(Base=elem, nbytes="i32"),
+                            dict(PIECE=PREFETCH_PIECE, GAP=PREFETCH_GAP), dict(num_warps=1)))
+    return specs

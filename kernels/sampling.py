@@ -6,7 +6,8 @@ vLLM's FlashInfer / PyTorch top-k samplers. At Qwen2's 151936-token vocabulary a
 every row; NOTES.md rollout, session 17) — a tenth of the lab's decode step.
 
   1. ``_chunk_max_kernel`` (grid rows × blocks of chunks): the maximum of every CHUNK columns,
-     one pass over the logits.
+     one pass over the logits — or none, when the logits' producer hands the maxima in (the
+     decode model's lm_head writes them in its epilogue: kernels/decode_layer.py).
   2. ``_top_k_sample_kernel`` (one program per row):
      - the K chunks with the largest maxima: every one of the row's K largest values lies in
        one of them (a value ≥ the K-th largest lies in a chunk whose maximum is ≥ it, and at
@@ -14,6 +15,7 @@ every row; NOTES.md rollout, session 17) — a tenth of the lab's decode step.
        value). Ties at the K-th chunk maximum are filled in column order;
      - among those K · CHUNK candidates, the K largest: a bisection on the order-preserving
        int32 key of each value (its zero low bits shifted out) for the K-th largest key τ,
+       started at the K-th largest chunk maximum (a lower bound of τ: 39.9 → 32.4 µs a call),
        then every key > τ plus the first (K − #>τ) keys = τ in column order — the set
        torch.topk returns, up to which of equal values it takes;
      - the Gumbel-max draw over that set: argmax(logit / T − log(−log u)), u from Philox at a
@@ -50,11 +52,14 @@ def _order_key(x, SHIFT: tl.constexpr):
 
 
 @triton.jit
-def _kth_largest_key(keys, K: tl.constexpr):
-    """The largest t with count(keys ≥ t) ≥ K (the K-th largest key), by bisection over the
-    keys' range [min, max]: one block-wide count per halving."""
-    lo = tl.min(keys).to(tl.int64)  # count(keys ≥ lo) = all ≥ K
-    hi = tl.max(keys).to(tl.int64) + 1  # count(keys ≥ hi) = 0 < K
+def _kth_largest_key(keys, K: tl.constexpr, lo, hi):
+    """The largest t in [lo, hi) with count(keys ≥ t) ≥ K (the K-th largest key), given
+    count(keys ≥ lo) ≥ K > count(keys ≥ hi): bisection, one block-wide count per halving, so
+    a narrow starting range saves reductions. (A 16-ary search, 16-bit counts packed four to
+    an int64 and reduced together, took 4 rounds for 16 bits and was slower: NOTES.md rollout,
+    session 18.)"""
+    lo = lo.to(tl.int64)
+    hi = hi.to(tl.int64)
     while hi - lo > 1:
         mid = (lo + hi) // 2
         enough = tl.sum((keys >= mid).to(tl.int32)) >= K
@@ -64,9 +69,9 @@ def _kth_largest_key(keys, K: tl.constexpr):
 
 
 @triton.jit
-def _first_k(keys, K: tl.constexpr):
-    """Mask of the K largest keys: every key above the K-th largest, then ties in flat order."""
-    tau = _kth_largest_key(keys, K)
+def _first_k(keys, K: tl.constexpr, tau):
+    """Mask of the K largest keys, given the K-th largest τ: every key above it, then ties in
+    flat order."""
     above = keys > tau
     tie = keys == tau
     tie_rank = tl.cumsum(tie.to(tl.int32), axis=0)  # 1-based rank among ties
@@ -92,7 +97,10 @@ def _top_k_sample_kernel(Logits, Maxes, ChunkScratch, Seed, Out, cols, n_chunks,
     # the K chunks with the largest maxima, compacted through the scratch row
     c = tl.arange(0, CHUNKS_PAD)
     maxes = tl.load(Maxes + row * n_chunks + c, mask=c < n_chunks, other=float("-inf"))
-    keep = _first_k(_order_key(maxes, SHIFT), K) & (c < n_chunks)
+    max_keys = _order_key(maxes, SHIFT)
+    # the K-th largest chunk maximum: no more than the K-th largest value (K chunks reach it)
+    floor = _kth_largest_key(max_keys, K, tl.min(max_keys), tl.max(max_keys).to(tl.int64) + 1)
+    keep = _first_k(max_keys, K, floor) & (c < n_chunks)
     slot = tl.cumsum(keep.to(tl.int32), axis=0) - 1
     tl.store(ChunkScratch + row * K_PAD + slot, c, mask=keep)
     tl.debug_barrier()
@@ -105,7 +113,9 @@ def _top_k_sample_kernel(Logits, Maxes, ChunkScratch, Seed, Out, cols, n_chunks,
     flat_x = tl.reshape(x, [K_PAD * CHUNK])
     flat_col = tl.reshape(col, [K_PAD * CHUNK])
     flat_ok = tl.reshape(ok, [K_PAD * CHUNK])
-    top = _first_k(tl.where(flat_ok, _order_key(flat_x, SHIFT), -2147483647 - 1), K) & flat_ok
+    keys = tl.where(flat_ok, _order_key(flat_x, SHIFT), -2147483647 - 1)
+    tau = _kth_largest_key(keys, K, floor, tl.max(keys).to(tl.int64) + 1)
+    top = _first_k(keys, K, tau) & flat_ok
     # Gumbel-max over them
     u = tl.rand(tl.load(Seed), row * cols + flat_col)
     gumbel = -tl.log(-tl.log(tl.maximum(u, 1e-20)))
@@ -123,9 +133,12 @@ def supported(logits: torch.Tensor, k: int) -> bool:
             and triton.cdiv(logits.shape[1], CHUNK) >= k)
 
 
-def top_k_sample(logits: torch.Tensor, k: int, temperature: float) -> torch.Tensor:
+def top_k_sample(logits: torch.Tensor, k: int, temperature: float,
+                 chunk_max: torch.Tensor | None = None) -> torch.Tensor:
     """(rows, V) logits -> (rows,) int64: one draw per row from softmax(logits / temperature)
-    restricted to the row's k largest logits."""
+    restricted to the row's k largest logits. ``chunk_max``: the (rows, ⌈V / CHUNK⌉) float32
+    maxima of the first launch, when the logits' producer wrote them (the decode model's
+    lm_head does, in its epilogue): one launch and one pass over the logits fewer."""
     if not supported(logits, k):
         raise ValueError(f"top_k_sample: needs a CUDA 2-D {DTYPES} tensor with unit column "
                          f"stride and 1 ≤ k ≤ min({MAX_K}, chunks); got {logits.dtype} "
@@ -135,13 +148,23 @@ def top_k_sample(logits: torch.Tensor, k: int, temperature: float) -> torch.Tens
     rows, cols = logits.shape
     n_chunks = triton.cdiv(cols, CHUNK)
     k_pad = triton.next_power_of_2(k)
-    maxes = torch.empty(rows, n_chunks, dtype=torch.float32, device=logits.device)
+    if chunk_max is not None and (chunk_max.shape != (rows, n_chunks)
+                                  or not chunk_max.is_contiguous()
+                                  or chunk_max.dtype != torch.float32
+                                  or chunk_max.device != logits.device):
+        raise ValueError(f"top_k_sample: chunk_max must be a contiguous float32 ({rows}, "
+                         f"{n_chunks}) tensor on {logits.device}; got {chunk_max.dtype} "
+                         f"{tuple(chunk_max.shape)} with strides {chunk_max.stride()} on "
+                         f"{chunk_max.device}")
     scratch = torch.empty(rows, k_pad, dtype=torch.int32, device=logits.device)
     seed = torch.randint(0, 2**31 - 1, (1,), dtype=torch.int64, device=logits.device)
     out = torch.empty(rows, dtype=torch.int64, device=logits.device)
-    _chunk_max_kernel[(rows, triton.cdiv(n_chunks, CHUNKS_PER_PROGRAM))](
-        logits, maxes, cols, n_chunks, logits.stride(0), CHUNK=CHUNK,
-        PER_PROGRAM=CHUNKS_PER_PROGRAM, num_warps=4)
+    maxes = chunk_max
+    if chunk_max is None:
+        maxes = torch.empty(rows, n_chunks, dtype=torch.float32, device=logits.device)
+        _chunk_max_kernel[(rows, triton.cdiv(n_chunks, CHUNKS_PER_PROGRAM))](
+            logits, maxes, cols, n_chunks, logits.stride(0), CHUNK=CHUNK,
+            PER_PROGRAM=CHUNKS_PER_PROGRAM, num_warps=4)
     _top_k_sample_kernel[(rows,)](
         logits, maxes, scratch, seed, out, cols, n_chunks, logits.stride(0), 1.0 / temperature,
         K=k, K_PAD=k_pad, CHUNK=CHUNK, CHUNKS_PAD=triton.next_power_of_2(n_chunks),

@@ -90,7 +90,8 @@ def supported_shapes(name: str) -> list[Shape]:
 DECODE: dict[str, str] = {"paged": "ws_lab.kernels.paged",
                           "fused": "ws_lab.kernels.fused_decode",
                           "layer_ops": "ws_lab.kernels.decode_layer",
-                          "sampling": "ws_lab.kernels.sampling"}
+                          "sampling": "ws_lab.kernels.sampling",
+                          "rollout_step": "ws_lab.kernels.rollout_step"}
 
 
 def decode(name: str):

@@ -23,7 +23,9 @@ def tool(name: str) -> str:
     raise FileNotFoundError(f"{name} is neither on PATH nor in Triton's wheel")
 
 
-COUNTED = ("BAR", "SYNCS", "UTMALDG", "UTMASTG", "FCHK")
+# LDGSTS: cp.async (a pipelined Triton loop); STL: local stores (spills, in a Triton cubin);
+# UBLKPF: bulk L2 prefetches
+COUNTED = ("BAR", "SYNCS", "UTMALDG", "UTMASTG", "FCHK", "LDGSTS", "STL", "UBLKPF")
 
 
 @dataclass

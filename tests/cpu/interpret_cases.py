@@ -4,6 +4,11 @@ Triton is imported, and must not leak into GPU tests of the same session)."""
 import json
 import os
 
+import triton
+import triton.language as tl
+
+from ws_lab.kernels.sampling import _first_k, _kth_largest_key, _order_key
+
 # (batch, Hq, Hkv, D, block_size, context lens): groups 1/4/8/32, D 80/96, lens 1/17/513
 PAGED = [(3, 4, 1, 64, 16, [1, 17, 513]), (2, 8, 1, 80, 8, [17, 1]), (1, 32, 1, 128, 32, [513]),
          (2, 2, 2, 96, 64, [100, 3])]
@@ -15,6 +20,10 @@ LINEAR = [(5, 64, 256, "bias", None), (64, 32, 256, "glu", (16, 64, 1)),
           (7, 64, 512, "split", (16, 64, 4)), (3, 48, 128, "plain", (16, 128, 1))]
 # top-k sampling (fp32 logits, rows, vocab, k): draws outside the k largest, and k = 1 = argmax
 SAMPLING = [(3, 8192, 50), (4, 6400, 1), (2, 8000, 7)]
+# the sampler's selection itself (dtype, n, k, distinct levels or None): the mask holds exactly
+# k values and none outside it is larger; few levels make long runs of ties
+SELECT = [("float32", 3000, 50, None), ("bfloat16", 4096, 50, 6), ("float16", 777, 1, None),
+          ("bfloat16", 2000, 128, None), ("float32", 64, 64, 3)]
 FUSED = [(3, 14, 2, 64, 160, [0, 1, 159], None), (2, 8, 8, 128, 130, [77, 5], None),
          (2, 32, 8, 128, 96, [95, 40], 16), (4, 14, 2, 64, 64, [63, 0, 31, 17], 8)]
 
@@ -67,6 +76,7 @@ def main():
             oracle.rel_l2(out, oracle.paged_attention_ref(q, kc, vc, table, lens)), 1e-5]
     _linear_cases(results)
     _sampling_cases(results)
+    _rollout_step_cases(results)
     # the in-kernel merge ran and left its arrival counters zeroed for the next call: [sum, 0]
     counters = list(paged._ARRIVALS.values())
     results["paged-arrival-counters-reset"] = [
@@ -103,6 +113,45 @@ def _linear_cases(results):
                 ref = torch.nn.functional.silu(ref[:, :n]) * ref[:, n:]
             out = dl.linear(x, w, bias, glu=epilogue == "glu", config=cfg)
         results[name] = [oracle.rel_l2(out, ref), 2e-3]
+    # the lm_head's chunk maxima (chunks of 16 in 32-column slices): exactly a pass over Out
+    x, w = torch.randn(5, 128).half(), torch.randn(96, 128).half()
+    chunk_max = torch.full((5, 6), float("nan"))
+    out = dl.linear(x, w, chunk_max=chunk_max, config=dl.LinearConfig(32, 64, 1))
+    results["linear-chunk-max"] = [
+        float((chunk_max - out.float().view(5, 6, 16).amax(-1)).abs().max()), 0.0]
+
+
+@triton.jit
+def _select_kernel(X, Mask, n, K: tl.constexpr, N_PAD: tl.constexpr, SHIFT: tl.constexpr):
+    """The sampler's selection alone: Mask = the K largest of X[:n] (ties in index order)."""
+    i = tl.arange(0, N_PAD)
+    keys = tl.where(i < n, _order_key(tl.load(X + i, mask=i < n), SHIFT), -2147483647 - 1)
+    tau = _kth_largest_key(keys, K, tl.min(keys), tl.max(keys).to(tl.int64) + 1)
+    tl.store(Mask + i, _first_k(keys, K, tau).to(tl.int32), mask=i < n)
+
+
+def _rollout_step_cases(results):
+    """The loop's one-launch bookkeeping against its definition: forced (a strided view) or
+    drawn tokens, EOS once finished, the output column, the positions moved or not."""
+    import torch
+
+    from ws_lab.kernels import rollout_step
+
+    eos, rows, cols = 3, 5, 7
+    for forced_on, move in ((False, True), (True, False)):
+        drawn = torch.tensor([3, 1, 4, 1, 5])  # row 0 draws EOS
+        forced = torch.randint(0, 6, (cols, rows)).t() if forced_on else None
+        finished = torch.tensor([False, False, True, False, True])
+        tokens, positions = torch.randint(0, 6, (rows,)), torch.randint(9, 20, (rows,)).int()
+        out, step = torch.full((rows, cols), -1), torch.tensor([2])
+        token = torch.where(finished, eos, forced[:, 2] if forced_on else drawn)
+        expected = dict(out=out.clone(), finished=finished | (token == eos), tokens=token,
+                        positions=positions + int(move), step=torch.tensor([3]))
+        expected["out"][:, 2] = token
+        rollout_step.advance(drawn, forced, finished, tokens, positions, out, step, eos, move)
+        got = dict(out=out, finished=finished, tokens=tokens, positions=positions, step=step)
+        wrong = sum(not torch.equal(got[k], v) for k, v in expected.items())
+        results[f"rollout-step-forced{forced_on}-move{move}"] = [float(wrong), 0.0]
 
 
 def _sampling_cases(results):
@@ -110,12 +159,29 @@ def _sampling_cases(results):
 
     from ws_lab.kernels import sampling
 
+    for dtype, n, k, levels in SELECT:
+        dt = getattr(torch, dtype)
+        x = (torch.randint(0, levels, (n,)).float() if levels else torch.randn(n) * 4).to(dt)
+        mask = torch.zeros(n, dtype=torch.int32)
+        _select_kernel[(1,)](x, mask, n, K=k, N_PAD=triton.next_power_of_2(n),
+                     SHIFT=sampling.KEY_SHIFT[dt])
+        kept, rest = x[mask.bool()].float(), x[~mask.bool()].float()
+        wrong = abs(int(mask.sum()) - k) + int(kept.numel() and rest.numel()
+                                                and bool(kept.min() < rest.max()))
+        results[f"sampling-select-{dtype}-n{n}-k{k}-levels{levels}"] = [float(wrong), 0.0]
+
     for rows, vocab, k in SAMPLING:
         logits = torch.randn(rows, vocab)
         ids = sampling.top_k_sample(logits, k, 1.0)
         top = torch.topk(logits, k).indices
         outside = sum(int(i) not in set(t.tolist()) for i, t in zip(ids, top))
         results[f"sampling-outside-top{k}-V{vocab}"] = [float(outside), 0.0]
+    logits = torch.randn(3, 8192)  # chunk maxima handed in: the same draw at the same seed
+    draws = []
+    for given in (None, logits.view(3, -1, sampling.CHUNK).amax(-1)):
+        torch.manual_seed(5)
+        draws.append(sampling.top_k_sample(logits, 50, 1.0, chunk_max=given))
+    results["sampling-given-chunk-max-same-draw"] = [float((draws[0] != draws[1]).sum()), 0.0]
     logits = torch.randn(4, 8192)
     greedy = sampling.top_k_sample(logits, 50, 1e-4)  # Gumbel noise ≪ the logit gaps / T
     results["sampling-cold-draw-is-argmax"] = [

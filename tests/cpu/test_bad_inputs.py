@@ -344,9 +344,56 @@ def test_linear_refuses(weight, message, monkeypatch):
         decode_layer.linear(torch.randn(4, 128).half(), weight.half())
 
 
+@pytest.mark.parametrize("chunk_max, message", [
+    (torch.empty(4, 4, dtype=torch.float16), "contiguous float32 tensor, got torch.float16"),
+    (torch.empty(4, 3), "must be \\(4, 64 / C\\)"),  # 64 columns are not 3 whole chunks
+    (torch.empty(5, 4), "must be \\(4, 64 / C\\)"),
+    (torch.empty(4, 1), "width 64 must divide the config's BLOCK_N 32"),
+    (torch.empty(4, 8)[:, ::2], "contiguous float32 tensor, got torch.float32 with strides"),
+])
+def test_linear_refuses_chunk_max(chunk_max, message, monkeypatch):
+    from ws_lab.kernels import decode_layer
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(ValueError, match=message):
+        decode_layer.linear(torch.randn(4, 128).half(), torch.randn(64, 128).half(),
+                            chunk_max=chunk_max)
+
+
+@pytest.mark.parametrize("chunk_max, message", [
+    (torch.empty(4, 127), "got torch.float32 \\(4, 127\\)"),
+    (torch.empty(4, 128, dtype=torch.float16), "got torch.float16 \\(4, 128\\)"),
+    (torch.empty(128, 4).t(), "with strides \\(1, 4\\)"),
+])
+def test_top_k_sample_refuses_chunk_max(chunk_max, message, monkeypatch):
+    from ws_lab.kernels import sampling
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(ValueError, match=message):
+        sampling.top_k_sample(torch.randn(4, 8192), 50, 1.0, chunk_max=chunk_max)
+
+
+def test_prefetch_l2_refuses_a_strided_tensor():
+    from ws_lab.kernels import decode_layer
+
+    with pytest.raises(ValueError, match="contiguous tensor"):
+        decode_layer.prefetch_l2(torch.empty(8, 8).t())
+
+
 def test_linear_refuses_mixed_dtypes(monkeypatch):
     from ws_lab.kernels import decode_layer
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     with pytest.raises(TypeError, match="share a dtype"):
         decode_layer.linear(torch.randn(4, 128).half(), torch.randn(64, 128))
+
+
+def test_rollout_step_refuses_a_strided_output():
+    from ws_lab.kernels import rollout_step
+
+    rows = torch.zeros(4, dtype=torch.long)
+    with pytest.raises(ValueError, match="unit column stride"):
+        rollout_step.advance(rows, None, torch.zeros(4, dtype=torch.bool), rows.clone(),
+                             torch.zeros(4, dtype=torch.int32),
+                             torch.zeros(8, 4, dtype=torch.long).t(), torch.zeros(1, dtype=torch.long),
+                             3, True)

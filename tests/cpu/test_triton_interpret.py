@@ -1,8 +1,8 @@
 """Every paged mode and the MHA kernel under TRITON_INTERPRET=1 vs the float64 oracle (fp32 and
 fp16; ragged context lengths 1/17/513, scattered blocks, groups 1/4/8/32, head dims 80/96;
 lengths past the table clamped, empty ones zero); the decode layer's linear (bias, SwiGLU,
-split-K summed by the RMSNorm) and the top-k sampler (draws inside the k largest, a cold draw
-is the argmax); the LLaMA block traced by Dynamo with
+split-K summed by the RMSNorm) and the top-k sampler (its selection is exactly the k largest,
+ties included; draws inside the k largest; a cold draw is the argmax); the LLaMA block traced by Dynamo with
 fullgraph=True. Input validation: test_bad_inputs.py."""
 import dataclasses
 import json
@@ -35,7 +35,7 @@ EXPECTED = (2 * len(interpret_cases.PAGED) * len(variants()) + 2 * len(interpret
             + len(variants()) + 3 * len(interpret_cases.FUSED) + 1
             + len(interpret_cases.LINEAR) + 2 * sum(e == "split" for *_, e, _ in
                                                     interpret_cases.LINEAR)
-            + len(interpret_cases.SAMPLING) + 1)
+            + 1 + len(interpret_cases.SAMPLING) + 2 + len(interpret_cases.SELECT) + 2)
 
 
 def test_every_case_ran(interpreted):
@@ -150,3 +150,19 @@ def test_fused_decode_static_report_compiles_for_sm90():
         text = triton_static.report(fused_decode.static_specs(14, 2, 64, paged=paged)[0])
         assert "fused_decode" in text and re.search(r"registers \d+", text)
         assert "spill" not in text  # a Triton cubin has no ptxas spill report: left out
+
+
+def test_decode_layer_static_report_pipelines_and_prefetches():
+    """Specialized as a launch is (16-byte aligned pointers, K divisible by 16), the decode
+    GEMMs load through cp.async on a multi-stage pipeline with nothing spilled, and the L2
+    prefetch is one bulk prefetch instruction in its issue loop."""
+    from ws_lab import triton_static
+    from ws_lab.kernels import decode_layer
+
+    gate_up, down, prefetch = [triton_static.report(s) for s in decode_layer.static_specs()]
+    for text, stages in ((gate_up, 4), (down, 6)):
+        assert int(re.search(r"LDGSTS (\d+)", text).group(1)) > 0, text
+        assert "STL 0" in text and "HGMMA: 64x" in text, text
+        smem = int(re.search(r"dynamic smem (\d+)", text).group(1))
+        assert smem >= stages * 64 * 64 * 2, text  # one 64-row activation tile a stage, at least
+    assert "UBLKPF 1" in prefetch, prefetch

@@ -51,6 +51,24 @@ def test_linear_matches_float64(name, rows, dtype):
     assert oracle.rel_l2(out, ref) <= LINEAR_TOLERANCE[dtype]
 
 
+@pytest.mark.parametrize("rows", [64, 65])
+def test_lm_head_chunk_maxima_equal_a_pass_over_its_logits(rows):
+    x = _randn(rows, HIDDEN, dtype=torch.bfloat16)
+    w = _randn(VOCAB, HIDDEN, dtype=torch.bfloat16, scale=HIDDEN ** -0.5)
+    chunk_max = torch.full((rows, VOCAB // sampling.CHUNK), float("nan"), device="cuda")
+    logits = dl.linear(x, w, chunk_max=chunk_max)
+    assert torch.equal(chunk_max, logits.float().view(rows, -1, sampling.CHUNK).amax(-1))
+
+
+def test_top_k_with_given_chunk_maxima_draws_the_same_tokens():
+    logits = torch.randn(64, VOCAB, device="cuda").to(torch.bfloat16)
+    draws = []
+    for given in (None, logits.float().view(64, -1, sampling.CHUNK).amax(-1)):
+        torch.manual_seed(3)
+        draws.append(sampling.top_k_sample(logits, 50, 1.0, chunk_max=given))
+    assert torch.equal(draws[0], draws[1])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("k", [1, 50, 128])
 def test_top_k_draws_stay_in_the_k_largest(k, dtype):

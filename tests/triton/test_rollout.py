@@ -1,7 +1,8 @@
 """The lab's decode loop on the GPU, Qwen2.5-0.5B's architecture (random weights, bf16): fed
 the same 256 tokens (teacher forcing), the fused-kernel loop's logits match the SDPA loop's at
 every step (rel-L2 ≤ LOGITS_TOLERANCE: bf16 through 24 layers, RoPE rounded in fp32 by the
-kernel and in bf16 by torch), and the SDPA loop's match HF's own forward over the same tokens."""
+kernel and in bf16 by torch), and the SDPA loop's match HF's own forward over the same tokens;
+the weight prefetch changes no logit; top-k draws come from each step's k largest."""
 import pytest
 import torch
 
@@ -10,7 +11,7 @@ pytest.importorskip("transformers")
 from ws_lab import oracle  # noqa: E402
 from ws_lab.rollout import config  # noqa: E402
 from ws_lab.rollout.loop import generate  # noqa: E402
-from ws_lab.rollout.model import DecodeModel  # noqa: E402
+from ws_lab.rollout.model import PREFETCH, DecodeModel  # noqa: E402
 from ws_lab.rollout.sampling import Sampling  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -20,8 +21,12 @@ BATCH, PROMPT, NEW = 4, 200, 256
 
 
 @pytest.fixture(scope="module")
-def runs():
-    hf = config.random_model(config.qwen2_config(), torch.bfloat16, "cuda")
+def hf():
+    return config.random_model(config.qwen2_config(), torch.bfloat16, "cuda")
+
+
+@pytest.fixture(scope="module")
+def runs(hf):
     vocab = hf.config.vocab_size
     prompts = torch.randint(0, vocab, (BATCH, PROMPT), device="cuda")
     forced = torch.randint(0, vocab, (BATCH, NEW), device="cuda")
@@ -47,3 +52,30 @@ def test_fused_loop_logits_match_the_sdpa_loop_at_every_step(runs):
 def test_sdpa_loop_logits_match_hf_forward(runs):
     errors = [oracle.rel_l2(runs["sdpa"].logits[:, t], runs["hf"][:, t]) for t in range(NEW)]
     assert max(errors) <= LOGITS_TOLERANCE, (max(errors), errors.index(max(errors)))
+
+
+def test_weight_prefetch_changes_no_logit(hf):
+    """The side stream's L2 prefetch (forked and joined inside the captured step) is a hint:
+    the same forced tokens give bitwise the same logits with it and without."""
+    vocab = hf.config.vocab_size
+    prompts = torch.randint(0, vocab, (BATCH, PROMPT), device="cuda")
+    forced = torch.randint(0, vocab, (BATCH, 16), device="cuda")
+    model = DecodeModel(hf, BATCH, PROMPT + 16, "fused")
+    logits = []
+    for span in (PREFETCH, None):
+        model.set_prefetch(span)
+        logits.append(generate(model, prompts, 16, Sampling(temperature=0), eos_id=vocab,
+                               forced=forced, keep_logits=True).logits)
+    assert torch.equal(logits[0], logits[1])
+
+
+def test_top_k_loop_draws_each_token_from_its_steps_k_largest(hf):
+    """The loop's top-k path (the lm_head's chunk maxima handed to the sampler): every sampled
+    token is among the k largest logits of the step that drew it."""
+    vocab, k = hf.config.vocab_size, 50
+    prompts = torch.randint(0, vocab, (BATCH, PROMPT), device="cuda")
+    model = DecodeModel(hf, BATCH, PROMPT + 32, "fused")
+    out = generate(model, prompts, 32, Sampling(temperature=1.0, top_k=k), eos_id=vocab,
+                   keep_logits=True)
+    kth = torch.topk(out.logits, k, dim=-1).values[..., -1]
+    assert (out.logits.gather(-1, out.tokens[..., None])[..., 0] >= kth).all()

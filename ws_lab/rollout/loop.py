@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ws_lab import registry
 from ws_lab.rollout.model import DecodeModel
 from ws_lab.rollout.sampling import Sampling, sample
 
@@ -48,17 +49,26 @@ class _State:
         self.logits = (torch.zeros(batch, max_new, vocab, device=dev) if keep_logits else None)
 
 
-def _record(state, logits, next_tokens, forced, eos_id):
-    """Writes the step's token (forced, or sampled; EOS once finished) and advances the state."""
+def _record(state, logits, next_tokens, forced, eos_id, move):
+    """Writes the step's token (forced, or sampled; EOS once finished) and advances the state
+    (the positions too with ``move``): kernels/rollout_step.py's one launch where Triton runs,
+    the same update in torch ops elsewhere."""
+    if state.logits is not None:
+        state.logits.index_copy_(1, state.step, logits[:, None].float())
+    kernel = registry.decode("rollout_step")
+    if kernel.supported(state.tokens):
+        kernel.advance(next_tokens, forced, state.finished, state.tokens, state.positions,
+                       state.out, state.step, eos_id, move)
+        return
     if forced is not None:
         next_tokens = forced.index_select(1, state.step).squeeze(1)
     next_tokens = torch.where(state.finished, torch.full_like(next_tokens, eos_id), next_tokens)
     state.out.index_copy_(1, state.step, next_tokens[:, None])
-    if state.logits is not None:
-        state.logits.index_copy_(1, state.step, logits[:, None].float())
     state.finished |= next_tokens == eos_id
     state.tokens.copy_(next_tokens)
     state.step += 1
+    if move:
+        state.positions += 1
 
 
 @torch.no_grad()
@@ -80,14 +90,14 @@ def generate(model: DecodeModel, prompts: torch.Tensor, max_new: int, sampling: 
     state = _State(prompts, max_new, eos_id, keep_logits, model.lm_head.shape[0])
     start = time.perf_counter()
     logits = model.prefill(prompts)
-    _record(state, logits, sample(logits, sampling), forced, eos_id)
+    _record(state, logits, sample(logits, sampling), forced, eos_id, move=False)
     sync()
     prefill_s = time.perf_counter() - start
 
     def step():
         step_logits = model.step(state.tokens, state.positions)
-        _record(state, step_logits, sample(step_logits, sampling), forced, eos_id)
-        state.positions += 1
+        _record(state, step_logits, sample(step_logits, sampling, model.logit_chunk_max),
+                forced, eos_id, move=True)
 
     run, done = step, 0
     if max_new > 1 and graph:  # the first step runs eagerly (compiles, allocates), then capture

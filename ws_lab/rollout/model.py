@@ -23,10 +23,15 @@ import torch
 import torch.nn.functional as F
 
 from ws_lab import registry
+from ws_lab.check import runs_triton
 from ws_lab.decode_cases import apply_rope
 
 ATTENTION = ("fused", "sdpa")
 GEMMS = ("lab", "torch")
+GEMM_WEIGHTS = ("qkv_w", "o_w", "gate_up_w", "down_w")  # in the order a layer runs them
+# After layer i's q|k|v GEMM, a side stream asks the L2 for the weights from (i, first) to
+# (i + 1, last), so that the GEMMs that follow find them there (o, which gains least, left out).
+PREFETCH = ("gate_up_w", "qkv_w")
 
 
 class DecodeModel:
@@ -51,6 +56,8 @@ class DecodeModel:
         self.norm = inner.norm.weight
         self.lm_head = hf_model.lm_head.weight
         self.layers = [self._fuse(layer) for layer in inner.layers]
+        self._pack()
+        self.side = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         shape = (len(self.layers), batch, self.kv_heads, capacity, self.head_dim)
         self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.v_cache = torch.zeros_like(self.k_cache)
@@ -64,11 +71,39 @@ class DecodeModel:
         att, mlp = layer.self_attn, layer.mlp
         return dict(
             norm_in=layer.input_layernorm.weight, norm_post=layer.post_attention_layernorm.weight,
-            qkv_w=torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight]).detach(),
+            qkv_w=torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight]),
             qkv_b=torch.cat([att.q_proj.bias, att.k_proj.bias, att.v_proj.bias]).detach(),
             o_w=att.o_proj.weight,
-            gate_up_w=torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach(),
+            gate_up_w=torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
             down_w=mlp.down_proj.weight)
+
+    def _pack(self):
+        """Every layer's GEMM weights back to back in one buffer, in the order they run (the
+        weights are copies: rebuild the model after an update), so that what a GEMM prefetches
+        (``PREFETCH``) is one range, across a layer boundary too."""
+        flat = torch.cat([w[name].detach().reshape(-1)
+                          for w in self.layers for name in GEMM_WEIGHTS])
+        at, self.spans = 0, []
+        for w in self.layers:
+            spans = {}
+            for name in GEMM_WEIGHTS:
+                spans[name] = (at, at + w[name].numel())
+                w[name] = flat[at:at + w[name].numel()].view(w[name].shape)
+                at = spans[name][1]
+            self.spans.append(spans)
+        self.flat = flat
+        self.set_prefetch(PREFETCH)
+
+    def set_prefetch(self, span):
+        """``span`` (first, last) or None: layer i prefetches ``flat`` from its ``first`` weight
+        through layer i + 1's ``last`` (the last layer: through its own down projection)."""
+        for i, w in enumerate(self.layers):
+            if span is None:
+                w["prefetch"] = None
+                continue
+            last = self.spans[i + 1][span[1]] if i + 1 < len(self.layers) else self.spans[i]["down_w"]
+            end = last[1]
+            w["prefetch"] = self.flat[self.spans[i][span[0]][0]:end]
 
     @torch.no_grad()
     def prefill(self, prompts: torch.Tensor) -> torch.Tensor:
@@ -90,7 +125,8 @@ class DecodeModel:
     def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """tokens (B,) int64 at positions (B,) int32 -> logits (B, V) in the model's dtype (a
         float32 copy of B × 151936 logits is a 39 MB pass of its own); writes each layer's cache
-        at the positions."""
+        at the positions. Sets ``logit_chunk_max``: the top-k sampler's first pass over these
+        logits when the lab's lm_head wrote it, else None."""
         batch = tokens.shape[0]
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
         hidden = F.embedding(tokens, self.embed)
@@ -103,6 +139,7 @@ class DecodeModel:
             else:
                 normed = self.ops.add_rmsnorm(hidden, w["norm_in"], self.eps, residual)
             qkv = self._linear(normed, w["qkv_w"], w["qkv_b"])
+            self._prefetch(w["prefetch"])
             q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
             q = q.reshape(batch, self.heads, self.head_dim)
             k = k.reshape(batch, self.kv_heads, self.head_dim)
@@ -113,7 +150,35 @@ class DecodeModel:
             hidden = self._linear(self._linear(normed, w["gate_up_w"], glu=True), w["down_w"],
                                   into_norm=True)
         normed = self.ops.add_rmsnorm(hidden, self.norm, self.eps, residual)
-        return self._linear(normed, self.lm_head)
+        self.logit_chunk_max = self._chunk_max_buffer(batch)
+        if self.logit_chunk_max is not None:
+            logits = self.ops.linear(normed, self.lm_head, chunk_max=self.logit_chunk_max)
+        else:
+            logits = self._linear(normed, self.lm_head)
+        if self.side is not None and self.layers[0]["prefetch"] is not None:
+            torch.cuda.current_stream().wait_stream(self.side)  # a captured fork must join
+        return logits
+
+    def _chunk_max_buffer(self, batch):
+        """Where the lab's lm_head leaves the top-k sampler's first pass (the maximum of every
+        CHUNK logits, kernels/sampling.py), or None: cuBLAS GEMMs, no Triton here, or a
+        vocabulary that is not whole chunks of the lm_head's column slices."""
+        sampler = registry.decode("sampling")
+        vocab, hidden = self.lm_head.shape
+        if not (self.lab_gemms and runs_triton(self.device)) or vocab % sampler.CHUNK:
+            return None
+        if self.ops.config_for(self.device, vocab, hidden).block_n % sampler.CHUNK:
+            return None
+        return torch.empty(batch, vocab // sampler.CHUNK, dtype=torch.float32, device=self.device)
+
+    def _prefetch(self, weights):
+        """Launches ``prefetch_l2(weights)`` on the side stream after what the current stream
+        has queued, so it overlaps the step's latency-bound kernels instead of delaying them."""
+        if weights is None or self.side is None:
+            return
+        self.side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.side):
+            self.ops.prefetch_l2(weights)
 
     def _linear(self, x, weight, bias=None, glu=False, into_norm=False):
         """x @ weight.T (+ bias; SwiGLU over [gate | up] with ``glu``). ``into_norm``: the

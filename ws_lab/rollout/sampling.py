@@ -25,17 +25,19 @@ class Sampling:
             raise ValueError(f"temperature ≥ 0, top_k ≥ 0 and 0 < top_p ≤ 1; got {self}")
 
 
-def sample(logits: torch.Tensor, cfg: Sampling) -> torch.Tensor:
+def sample(logits: torch.Tensor, cfg: Sampling,
+           chunk_max: torch.Tensor | None = None) -> torch.Tensor:
     """(B, V) logits (any float dtype) -> (B,) int64 token ids. With top-k the draw happens on
     the k largest only (torch.topk returns them sorted, so top-p needs no sort of the vocab):
     at a 151936-token vocabulary every full-vocabulary pass costs ~19 µs at B 64 (NOTES:
-    session 15's profile), and this path makes one."""
+    session 15's profile), and this path makes one. ``chunk_max``: the per-chunk maxima the
+    top-k kernel would compute first, when the logits' producer wrote them (``DecodeModel``)."""
     if cfg.temperature == 0:
         return logits.argmax(dim=-1)
     if cfg.top_k and cfg.top_p == 1:
         kernels = registry.decode("sampling")
         if kernels.supported(logits, cfg.top_k):  # two launches instead of torch.topk's radix passes
-            return kernels.top_k_sample(logits, cfg.top_k, cfg.temperature)
+            return kernels.top_k_sample(logits, cfg.top_k, cfg.temperature, chunk_max)
     if cfg.top_k:
         values, ids = torch.topk(logits, min(cfg.top_k, logits.shape[-1]), dim=-1)
         return ids.gather(-1, _draw(values.float() / cfg.temperature, cfg.top_p, ordered=True))[:, 0]
