@@ -8,8 +8,10 @@ same prompts, the same sampling (temperature 1, top-k 50: HF's default), no earl
 
 Per path: ms per decode step (prefill excluded; the median of --rounds runs, the paths shuffled
 each round, and its range), tokens/s, the GPU's busy fraction (kernel time over wall time,
-torch.profiler) and the HBM floor (weights + the mean K/V read once a step).
+torch.profiler) and the HBM floor (weights + the mean K/V read once a step).Without a GPU it says so and prints the static report instead: the SASS summary of the step's
+Triton kernels at Qwen2.5-0.5B's sizes (``--json`` writes it).
 """
+import json
 import statistics
 import sys
 import time
@@ -32,6 +34,8 @@ def _parser():
                          "is the fused loop on cuBLAS GEMMs)")
     ap.add_argument("--rounds", type=int, default=3,
                     help="timed runs per path, the paths shuffled each round (default 3)")
+    ap.add_argument("--json", type=Path,
+                    help="write the results as JSON here (without a GPU: the static report)")
     ap.add_argument("--grpo", action="store_true",
                     help="also run one Dr. GRPO step (rollout, log-probs, update) and print "
                          "its breakdown")
@@ -228,6 +232,23 @@ def grpo_step(hf, args):
           f"grad norm {report.grad_norm:.3f}, mean reward {rewards.mean():.3f}")
 
 
+def static_report(json_path):
+    """Without a GPU: the SASS summary of the step's Triton kernels at Qwen2.5-0.5B's sizes —
+    the gate|up and split-K down GEMMs, the paced L2 prefetch, the fused decode attention (the
+    CPU tests in tests/cpu/test_rollout.py run the loop itself on a small model)."""
+    from ws_lab import registry, triton_static
+    from ws_lab.rollout.config import QWEN25_05B as cfg
+
+    heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    head_dim = cfg["hidden_size"] // heads
+    layer = registry.decode("layer_ops").static_specs(cfg["hidden_size"], cfg["intermediate_size"])
+    fused = registry.decode("fused").static_specs(heads, kv_heads, head_dim, "bfloat16")
+    triton_static.print_reports(
+        "the decode step's kernels at Qwen2.5-0.5B's sizes",
+        [("Qwen2.5-0.5B decode step", spec, dict(kernel=spec.name)) for spec in layer + fused],
+        json_path)
+
+
 def _main(argv):
     args = _parser().parse_args(argv)
     paths = [p for p in args.paths.split(",") if p]
@@ -236,16 +257,14 @@ def _main(argv):
         raise cli.UsageError(f"--paths takes a comma-separated subset of {sorted(known)}")
     if args.rounds < 1:
         raise cli.UsageError(f"--rounds must be at least 1, got {args.rounds}")
+    import torch
+
+    if not torch.cuda.is_available():
+        return static_report(args.json)
     try:
         import transformers  # noqa: F401
     except ImportError:
         raise cli.UsageError("the rollout needs transformers: pip install -e '.[rollout]'") from None
-    import torch
-
-    if not torch.cuda.is_available():
-        print("no CUDA device: the rollout bench times a GPU decode loop; nothing to do here "
-              "(the CPU tests in tests/cpu/test_rollout.py run the same loop on a small model)")
-        return
     from ws_lab import bench_paged
     from ws_lab.rollout import config
 
@@ -270,6 +289,11 @@ def _main(argv):
               f"{args.batch * 1e3 / r['ms']:,.0f} | {busy} | {gap} |")
     print(f"| HBM floor ({weights / 1e9:.2f} GB weights + {kv / 1e9:.3f} GB mean K/V) | "
           f"{floor:.3f} | | | | |")
+    if args.json:
+        args.json.write_text(json.dumps(dict(
+            device=torch.cuda.get_device_name(), torch=torch.__version__, batch=args.batch,
+            prompt=args.prompt, new=args.new, rounds=args.rounds, floor_ms=floor,
+            paths=results), indent=1))
     if args.grpo:
         grpo_step(hf, args)
 
