@@ -8,7 +8,9 @@ same prompts, the same sampling (temperature 1, top-k 50: HF's default), no earl
 
 Per path: ms per decode step (prefill excluded; the median of --rounds runs, the paths shuffled
 each round, and its range), tokens/s, the GPU's busy fraction (kernel time over wall time,
-torch.profiler) and the HBM floor (weights + the mean K/V read once a step).Without a GPU it says so and prints the static report instead: the SASS summary of the step's
+torch.profiler) and the HBM floor (weights + the mean K/V read once a step).
+
+Without a GPU it says so and prints the static report instead: the SASS summary of the step's
 Triton kernels at Qwen2.5-0.5B's sizes (``--json`` writes it).
 """
 import json

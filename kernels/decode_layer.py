@@ -27,6 +27,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ws_lab.check import runs_triton
 from ws_lab.kernels.paged import _has_pdl, _sm_count
+from ws_lab.target import H100_SMS
 
 
 @triton.jit
@@ -258,9 +259,7 @@ def linear(x, weight, bias=None, *, glu=False, split_ok=False, config: LinearCon
     if n % cfg.block_n or k % (cfg.block_k * cfg.splits):
         raise ValueError(f"linear: N {n} and K {k} must be multiples of the config's "
                          f"{cfg.block_n} and {cfg.block_k}·{cfg.splits}")
-    if chunk_max is not None and chunk_max.device != x.device:
-        raise ValueError(f"linear: chunk_max is on {chunk_max.device}, x on {x.device}")
-    chunk = _check_chunk_max(chunk_max, m, n, cfg)
+    chunk = _check_chunk_max(chunk_max, x, n, cfg)
     if cfg.splits > 1:
         out = torch.empty(cfg.splits, m, n, dtype=torch.float32, device=x.device)
     else:
@@ -276,11 +275,15 @@ def linear(x, weight, bias=None, *, glu=False, split_ok=False, config: LinearCon
     return out
 
 
-def _check_chunk_max(chunk_max, m, n, cfg) -> int:
-    """The chunk width C of an (M, N / C) fp32 ``chunk_max`` (0 without one); C must divide the
-    config's BLOCK_N, and a split-K result has no rounded outputs to take maxima of."""
+def _check_chunk_max(chunk_max, x, n, cfg) -> int:
+    """The chunk width C of an (M, N / C) fp32 ``chunk_max`` on x's device (0 without one); C
+    must divide the config's BLOCK_N, and a split-K result has no rounded outputs to take
+    maxima of."""
     if chunk_max is None:
         return 0
+    m = x.shape[0]
+    if chunk_max.device != x.device:
+        raise ValueError(f"linear: chunk_max is on {chunk_max.device}, x on {x.device}")
     if chunk_max.dtype != torch.float32 or not chunk_max.is_contiguous():
         raise ValueError(f"linear: chunk_max must be a contiguous float32 tensor, got "
                          f"{chunk_max.dtype} with strides {chunk_max.stride()}")
@@ -319,7 +322,7 @@ def static_specs(hidden=896, intermediate=4864, dtype="bfloat16"):
     specs = []
     for name, n, k, glu in (("linear_gate_up", intermediate, hidden, True),
                             ("linear_down", hidden, intermediate, False)):
-        cfg = linear_config(n, k, glu, not glu, 132)
+        cfg = linear_config(n, k, glu, not glu, H100_SMS)
         types = dict(X=elem, W=elem, Bias=elem, Out="*fp32" if cfg.splits > 1 else elem,
                      ChunkMax="*fp32", M="i32", N="i32", K="i32", k_per_split="i32",
                      stride_xm="i32")

@@ -1,8 +1,9 @@
 """Every paged mode and the MHA kernel under TRITON_INTERPRET=1 vs the float64 oracle (fp32 and
 fp16; ragged context lengths 1/17/513, scattered blocks, groups 1/4/8/32, head dims 80/96;
 lengths past the table clamped, empty ones zero); the decode layer's linear (bias, SwiGLU,
-split-K summed by the RMSNorm) and the top-k sampler (its selection is exactly the k largest,
-ties included; draws inside the k largest; a cold draw is the argmax); the LLaMA block traced by Dynamo with
+split-K summed by the RMSNorm; the lm_head's chunk maxima), the top-k sampler (its selection
+is exactly the k largest, ties included; draws inside the k largest; a cold draw is the
+argmax), the rollout's one-launch bookkeeping; the LLaMA block traced by Dynamo with
 fullgraph=True. Input validation: test_bad_inputs.py."""
 import dataclasses
 import json

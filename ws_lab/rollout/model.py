@@ -102,8 +102,7 @@ class DecodeModel:
                 w["prefetch"] = None
                 continue
             last = self.spans[i + 1][span[1]] if i + 1 < len(self.layers) else self.spans[i]["down_w"]
-            end = last[1]
-            w["prefetch"] = self.flat[self.spans[i][span[0]][0]:end]
+            w["prefetch"] = self.flat[self.spans[i][span[0]][0]:last[1]]
 
     @torch.no_grad()
     def prefill(self, prompts: torch.Tensor) -> torch.Tensor:
