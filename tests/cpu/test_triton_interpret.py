@@ -143,14 +143,24 @@ def test_fused_decode_compiles_whole_through_its_fake():
     assert any("fused_decode" in t for t in targets), targets
 
 
-def test_fused_decode_static_report_compiles_for_sm90():
+def test_fused_decode_static_report_compiles_for_sm90(tmp_path):
+    """Both layouts compile for sm_90. The static layout asks the L2 for its segment's K and V
+    (two bulk prefetches) before ``griddepcontrol.wait`` (ACQBULK); the one load before the wait
+    is the prefetch's position, so everything the kernel computes with is loaded after it."""
     from ws_lab import triton_static
     from ws_lab.kernels import fused_decode
 
     for paged in (False, True):
-        text = triton_static.report(fused_decode.static_specs(14, 2, 64, paged=paged)[0])
+        text = triton_static.report(fused_decode.static_specs(14, 2, 64, paged=paged)[0],
+                                    tmp_path / str(paged))
         assert "fused_decode" in text and re.search(r"registers \d+", text)
         assert "spill" not in text  # a Triton cubin has no ptxas spill report: left out
+        sass = next((tmp_path / str(paged)).glob("*.sass")).read_text().splitlines()
+        wait = next(i for i, line in enumerate(sass) if "ACQBULK" in line)
+        prefetches = [i for i, line in enumerate(sass) if "UBLKPF.L2" in line]
+        assert len(prefetches) == (0 if paged else 2), text
+        assert all(i < wait for i in prefetches)
+        assert sum("LDG" in line for line in sass[:wait]) == (0 if paged else 1), sass[:wait]
 
 
 def test_decode_layer_static_report_pipelines_and_prefetches():
