@@ -70,6 +70,16 @@ def _clock():
 
 
 @triton.jit
+def _bulk_prefetch_l2(Base, nbytes):
+    """One ``cp.async.bulk.prefetch.L2`` of [Base, + nbytes) (a multiple of 16, ≤ 1 MB), from
+    the program's first thread."""
+    tl.inline_asm_elementwise(
+        "{ .reg .u32 t; .reg .pred p; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; "
+        "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }", "=r,l,r",
+        [Base.to(tl.pointer_type(tl.int8)), nbytes], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _prefetch_l2_kernel(Base, nbytes, PIECE: tl.constexpr, GAP: tl.constexpr):
     """Program p asks the L2 for pieces p, p + P, … of [Base, + nbytes), one
     ``cp.async.bulk.prefetch.L2`` from its first thread every GAP cycles (the bytes are not
@@ -81,11 +91,7 @@ def _prefetch_l2_kernel(Base, nbytes, PIECE: tl.constexpr, GAP: tl.constexpr):
     while piece < n_pieces:
         start = piece.to(tl.int64) * PIECE
         size = tl.minimum(nbytes - start, PIECE).to(tl.int32)
-        tl.inline_asm_elementwise(
-            "{ .reg .u32 t; .reg .pred p; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; "
-            "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }", "=r,l,r",
-            [Base.to(tl.pointer_type(tl.int8)) + start, size], dtype=tl.int32, is_pure=False,
-            pack=1)
+        _bulk_prefetch_l2(Base.to(tl.pointer_type(tl.int8)) + start, size)
         issued += 1
         now = t0
         while now - t0 < issued * GAP:

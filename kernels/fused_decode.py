@@ -39,6 +39,7 @@ from ws_lab.check import refuse_overlapping_out, require_device, validate_scale
 from ws_lab.kernels import LOG2E
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from ws_lab.kernels.decode_layer import _bulk_prefetch_l2
 from ws_lab.kernels.paged import (MIN_DOT_ROWS, _arrival_counters, _has_pdl, _sm_count,
                                   _store_partials, merge_chunk)
 
@@ -68,13 +69,9 @@ def _rotate(X, d, cos, sin, HALF: tl.constexpr, D: tl.constexpr, mask):
 
 
 @triton.jit
-def _bulk_prefetch_l2(Base, nbytes):
-    """One ``cp.async.bulk.prefetch.L2`` of [Base, + nbytes) (a multiple of 16, ≤ 1 MB), from
-    the program's first thread."""
-    tl.inline_asm_elementwise(
-        "{ .reg .u32 t; .reg .pred p; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; "
-        "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }", "=r,l,r",
-        [Base.to(tl.pointer_type(tl.int8)), nbytes], dtype=tl.int32, is_pure=False, pack=1)
+def _position(Positions, b, capacity):
+    """Sequence b's position, clamped to [0, capacity − 1]."""
+    return tl.minimum(tl.maximum(tl.load(Positions + b), 0), capacity - 1)
 
 
 @triton.jit
@@ -86,7 +83,7 @@ def _prefetch_segment(KCache, VCache, Positions, b, kvh, lo, segment_tokens, n_k
     the kernel before. A hint only: the position it reads may still be being written by the
     kernel before (the kernel reads it again after the wait), so nothing here reaches the
     result."""
-    pos = tl.minimum(tl.maximum(tl.load(Positions + b), 0), capacity - 1)
+    pos = _position(Positions, b, capacity)
     hi = tl.minimum(lo + segment_tokens, pos)
     if hi > lo:
         run = ((b * n_kv_heads + kvh).to(tl.int64) * capacity + lo) * D
@@ -124,7 +121,7 @@ def _fused_decode_kernel(Q, KNew, VNew, KCache, VCache, Cos, Sin, Positions, Blo
                           capacity, D)
     if PDL:
         gdc_wait()  # launched early (programmatic dependent launch): q/k/v's writer first
-    pos = tl.minimum(tl.maximum(tl.load(Positions + b), 0), capacity - 1)
+    pos = _position(Positions, b, capacity)
     d = tl.arange(0, D)
     cos = tl.load(Cos + pos.to(tl.int64) * D + d).to(tl.float32)
     sin = tl.load(Sin + pos.to(tl.int64) * D + d).to(tl.float32)
