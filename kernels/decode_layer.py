@@ -126,24 +126,28 @@ def _silu_mul(gate, up):
 def _linear_kernel(X, W, Bias, Out, ChunkMax, M, N, K, k_per_split, stride_xm,
                    HAS_BIAS: tl.constexpr, GLU: tl.constexpr, SPLIT: tl.constexpr,
                    CHUNK_MAX: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+                   BLOCK_K: tl.constexpr, PDL: tl.constexpr, W_EARLY: tl.constexpr):
     """Out[m, n] = X[m, :] · W[n, :] over this program's BLOCK_N columns and K range. GLU: W is
     [gate | up] (2N rows); Out = silu(gate) · up. SPLIT: Out is (splits, M, N) fp32 partials.
-    CHUNK_MAX > 0: also ChunkMax[m, c] = max(Out[m, c·CHUNK_MAX : (c + 1)·CHUNK_MAX])."""
-    if PDL:
-        gdc_wait()
+    CHUNK_MAX > 0: also ChunkMax[m, c] = max(Out[m, c·CHUNK_MAX : (c + 1)·CHUNK_MAX]).
+    W_EARLY: the program's K range is one BLOCK_K tile, loaded before the PDL wait."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     split = tl.program_id(1)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     m_ok = m < M
     k0 = split * k_per_split
+    w_rows = W + n.to(tl.int64)[:, None] * K
+    if W_EARLY:  # no kernel before a GEMM writes its weights: their latency overlaps its tail
+        w_early = tl.load(w_rows + (k0 + tl.arange(0, BLOCK_K))[None, :])
+    if PDL:
+        gdc_wait()
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    w_rows = W + n.to(tl.int64)[:, None] * K
     for k in range(k0, k0 + k_per_split, BLOCK_K):
         kk = k + tl.arange(0, BLOCK_K)
         x = tl.load(X + m[:, None] * stride_xm + kk[None, :], mask=m_ok[:, None], other=0.0)
-        acc = tl.dot(x, tl.trans(tl.load(w_rows + kk[None, :])), acc)
+        w = w_early if W_EARLY else tl.load(w_rows + kk[None, :])
+        acc = tl.dot(x, tl.trans(w), acc)
         if GLU:
             acc_up = tl.dot(x, tl.trans(tl.load(w_rows + N * K + kk[None, :])), acc_up)
     if PDL:
@@ -230,8 +234,12 @@ def linear_config(n, k, glu, split_ok, sm_count) -> LinearConfig:
     chunks = k // block_k
     splits = max(d for d in range(1, chunks + 1)
                  if chunks % d == 0 and (n // block_n) * d <= 2 * sm_count)
-    # many K chunks a program (down: 19): a deeper cp.async pipeline, 8.0 against 9.2 µs
-    return LinearConfig(block_n, block_k, splits, num_stages=6 if chunks // splits > 8 else 4)
+    # many K chunks a program (down: 19): a deeper cp.async pipeline, 8.0 against 9.2 µs; one
+    # (o): nothing to pipeline, its weight tile loads before the PDL wait (``linear``) and 2
+    # stages leave room for 3 programs an SM: −11 µs a decode step against 4 stages without the
+    # early load (NOTES.md rollout, session 21)
+    stages = 6 if chunks // splits > 8 else 2 if chunks == splits else 4
+    return LinearConfig(block_n, block_k, splits, num_stages=stages)
 
 
 def config_for(device, n, k, glu=False, split_ok=False) -> LinearConfig:
@@ -246,7 +254,12 @@ def linear(x, weight, bias=None, *, glu=False, split_ok=False, config: LinearCon
     result may come back as (splits, M, N) fp32 partials (for ``add_rmsnorm``, which sums
     them). ``config`` overrides ``linear_config`` (for tuning). ``chunk_max``: an (M, N / C)
     fp32 tensor that also receives the maximum of every C consecutive outputs of a row (the
-    lm_head hands the top-k sampler its first pass, kernels/sampling.py)."""
+    lm_head hands the top-k sampler its first pass, kernels/sampling.py).
+
+    On sm_90, a program whose K range is one BLOCK_K tile (the o projection's split) loads its
+    weight tile before its programmatic-dependent-launch wait, so the load overlaps the tail of
+    the kernel before: ``weight`` must not be written by the kernel launched just before this
+    call (weights are written once; none of the lab's early-launching kernels writes one)."""
     n = weight.shape[0] // 2 if glu else weight.shape[0]
     if not runs_triton(x.device):
         y = torch.nn.functional.linear(x, weight, bias)
@@ -272,12 +285,13 @@ def linear(x, weight, bias=None, *, glu=False, split_ok=False, config: LinearCon
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     pdl = _has_pdl(x.device)
     grid = (n // cfg.block_n, cfg.splits, triton.cdiv(m, BLOCK_M))
+    w_early = pdl and k // cfg.splits == cfg.block_k and not glu
     _linear_kernel[grid](x, weight, bias if bias is not None else weight, out,
                          out if chunk_max is None else chunk_max, m, n, k, k // cfg.splits,
                          x.stride(0), HAS_BIAS=bias is not None, GLU=glu, SPLIT=cfg.splits > 1,
                          CHUNK_MAX=chunk, BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n,
-                         BLOCK_K=cfg.block_k, PDL=pdl, num_warps=cfg.num_warps,
-                         num_stages=cfg.num_stages, launch_pdl=pdl)
+                         BLOCK_K=cfg.block_k, PDL=pdl, W_EARLY=w_early,
+                         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl)
     return out
 
 
@@ -319,21 +333,24 @@ def silu_mul(gate_up):
 
 
 def static_specs(hidden=896, intermediate=4864, dtype="bfloat16"):
-    """sm_90 specializations for the static report: the gate|up GEMM (SwiGLU epilogue) and the
-    split-K down GEMM at Qwen2.5-0.5B's sizes, with the configs the rule picks on an H100, and
-    the paced L2 prefetch."""
+    """sm_90 specializations for the static report: the gate|up GEMM (SwiGLU epilogue), the
+    split-K down GEMM and the split-K o GEMM (one K tile a program: its weights load before the
+    PDL wait) at Qwen2.5-0.5B's sizes, with the configs the rule picks on an H100, and the
+    paced L2 prefetch."""
     from ws_lab.triton_static import StaticSpec
 
     elem = {"float16": "*fp16", "bfloat16": "*bf16"}[dtype]
     specs = []
     for name, n, k, glu in (("linear_gate_up", intermediate, hidden, True),
-                            ("linear_down", hidden, intermediate, False)):
+                            ("linear_down", hidden, intermediate, False),
+                            ("linear_o", hidden, hidden, False)):
         cfg = linear_config(n, k, glu, not glu, H100_SMS)
         types = dict(X=elem, W=elem, Bias=elem, Out="*fp32" if cfg.splits > 1 else elem,
                      ChunkMax="*fp32", M="i32", N="i32", K="i32", k_per_split="i32",
                      stride_xm="i32")
         meta = dict(HAS_BIAS=False, GLU=glu, SPLIT=cfg.splits > 1, CHUNK_MAX=0, BLOCK_M=BLOCK_M,
-                    BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PDL=True)
+                    BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PDL=True,
+                    W_EARLY=k // cfg.splits == cfg.block_k and not glu)
         specs.append(StaticSpec(name, _linear_kernel, types, meta,
                                 dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
                                 divisible=("N", "K", "k_per_split", "stride_xm")))

@@ -12,7 +12,9 @@ cos / sin (L, D), L ≥ the cache's capacity: the rotate-half convention of HF L
 (``x·cos + rotate_half(x)·sin``, ``rotate_half(x) = cat(−x[D/2:], x[:D/2])``).
 
 Grid (B, Hkv, segments): one program per (sequence, KV head, context segment) serves the KV
-head's whole query group, so each K/V tile is read once per group. Every program rotates q and
+head's whole query group, so each K/V tile is read once per group. The segment count comes
+from the capacity; the segments themselves split each sequence's current context into runs of
+whole tiles as even as the tiles allow (the longest program reads the fewest tiles it can). Every program rotates q and
 the new k in registers; the segment-0 program writes the rotated k and v at ``positions[b]``
 (once per KV head) and folds the new token into its softmax state from registers, while every
 program reads only cache tokens < position — no program reads a slot written in the same launch.
@@ -75,16 +77,24 @@ def _position(Positions, b, capacity):
 
 
 @triton.jit
-def _prefetch_segment(KCache, VCache, Positions, b, kvh, lo, segment_tokens, n_kv_heads,
-                      capacity, D: tl.constexpr):
-    """Asks the L2 for the program's cache rows [lo, min(lo + segment_tokens, position)) of K and
-    V (static layout: two contiguous runs) before the wait for q/k/v's writer: the context is
-    most of the kernel's bytes and was written by earlier steps, so its DRAM latency overlaps
-    the kernel before. A hint only: the position it reads may still be being written by the
-    kernel before (the kernel reads it again after the wait), so nothing here reaches the
-    result."""
-    pos = _position(Positions, b, capacity)
-    hi = tl.minimum(lo + segment_tokens, pos)
+def _segment(pos, seg, n_seg, TILE_N: tl.constexpr):
+    """[lo, hi): the cache tokens < pos that segment seg of n_seg reads. The grid is sized for
+    the capacity; the segments split the position's context into runs of whole tiles as even
+    as the tiles allow, so the longest program reads as few tiles as it can."""
+    length = tl.cdiv(tl.cdiv(pos, n_seg), TILE_N) * TILE_N
+    lo = seg * length
+    return lo, tl.minimum(lo + length, pos)
+
+
+@triton.jit
+def _prefetch_segment(KCache, VCache, Positions, b, kvh, seg, n_seg, n_kv_heads, capacity,
+                      D: tl.constexpr, TILE_N: tl.constexpr):
+    """Asks the L2 for the program's cache rows of K and V (static layout: two contiguous
+    runs) before the wait for q/k/v's writer: the context is most of the kernel's bytes and was
+    written by earlier steps, so its DRAM latency overlaps the kernel before. A hint only: the
+    position it reads may still be being written by the kernel before (the kernel reads it
+    again after the wait), so nothing here reaches the result."""
+    lo, hi = _segment(_position(Positions, b, capacity), seg, n_seg, TILE_N)
     if hi > lo:
         run = ((b * n_kv_heads + kvh).to(tl.int64) * capacity + lo) * D
         nbytes = (hi - lo) * D * (KCache.dtype.element_ty.primitive_bitwidth // 8)
@@ -105,7 +115,7 @@ def _token_offsets(BlockTable, b, kvh, tokens, valid, n_kv_heads, capacity, stri
 @triton.jit
 def _fused_decode_kernel(Q, KNew, VNew, KCache, VCache, Cos, Sin, Positions, BlockTable, Out,
                          MScratch, LScratch, AccScratch, Arrivals, scale_log2, capacity,
-                         segment_tokens, n_q_heads, n_kv_heads, stride_bt, stride_qb,
+                         n_q_heads, n_kv_heads, stride_bt, stride_qb,
                          stride_knb, stride_vnb,
                          GROUP: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr,
                          TILE_N: tl.constexpr, PAGED: tl.constexpr, BLOCK_SIZE: tl.constexpr,
@@ -115,10 +125,10 @@ def _fused_decode_kernel(Q, KNew, VNew, KCache, VCache, Cos, Sin, Positions, Blo
     kvh = tl.program_id(1)
     seg = tl.program_id(2)
     HALF: tl.constexpr = D // 2
-    lo = seg * segment_tokens
+    n_seg = tl.num_programs(2)
     if L2_AHEAD:
-        _prefetch_segment(KCache, VCache, Positions, b, kvh, lo, segment_tokens, n_kv_heads,
-                          capacity, D)
+        _prefetch_segment(KCache, VCache, Positions, b, kvh, seg, n_seg, n_kv_heads, capacity,
+                          D, TILE_N)
     if PDL:
         gdc_wait()  # launched early (programmatic dependent launch): q/k/v's writer first
     pos = _position(Positions, b, capacity)
@@ -136,7 +146,7 @@ def _fused_decode_kernel(Q, KNew, VNew, KCache, VCache, Cos, Sin, Positions, Blo
                     d < D).to(KCache.dtype.element_ty)
     v_new = tl.load(VNew + b.to(tl.int64) * stride_vnb + kvh * D + d)
 
-    hi = tl.minimum(lo + segment_tokens, pos)  # cache tokens < pos; the new one comes below
+    lo, hi = _segment(pos, seg, n_seg, TILE_N)  # cache tokens < pos; the new one comes below
     if seg == 0:
         slot = _token_offsets(BlockTable, b, kvh, pos, pos >= 0, n_kv_heads, capacity,
                               stride_bt, PAGED, BLOCK_SIZE, D)
@@ -170,7 +180,7 @@ def _fused_decode_kernel(Q, KNew, VNew, KCache, VCache, Cos, Sin, Positions, Blo
     g_ok = g < GROUP
     if SPLIT:
         _store_partials(MScratch, LScratch, AccScratch, Out, Arrivals + b * n_kv_heads + kvh,
-                        m, l, acc, b, kvh, seg, heads, g_ok, d, tl.num_programs(2), n_q_heads,
+                        m, l, acc, b, kvh, seg, heads, g_ok, d, n_seg, n_q_heads,
                         n_q_heads * D, D, GROUP, D, D, SEG_PAD, MERGE_HEADS, True)
     else:
         tl.store(Out + rows[:, None] + d[None, :], (acc / l[:, None]).to(Out.dtype.element_ty),
@@ -311,7 +321,7 @@ def _launch(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, block_table,
     _fused_decode_kernel[(batch, kv_heads, n_seg)](
         q, k_new, v_new, k_cache, v_cache, cos, sin, positions,
         block_table if paged else positions, out, m_scratch, l_scratch, acc_scratch, arrivals,
-        scale * LOG2E, capacity, segment_tokens, heads, kv_heads,
+        scale * LOG2E, capacity, heads, kv_heads,
         block_table.stride(0) if paged else 0, q.stride(0), k_new.stride(0), v_new.stride(0),
         GROUP=group, G_PAD=max(MIN_DOT_ROWS, triton.next_power_of_2(group)), D=head_dim,
         TILE_N=TILE, PAGED=paged, BLOCK_SIZE=k_cache.shape[1] if paged else 1, SPLIT=split,

@@ -19,10 +19,13 @@ every row; NOTES.md rollout, session 17) — a tenth of the lab's decode step.
        then every key > τ plus the first (K − #>τ) keys = τ in column order — the set
        torch.topk returns, up to which of equal values it takes;
      - the Gumbel-max draw over that set: argmax(logit / T − log(−log u)), u from Philox at a
-       seed read from device memory (a fresh ``torch.randint`` each call, so graph replays
-       draw fresh numbers).
+       seed read from device memory, so graph replays draw fresh numbers: a fresh
+       ``torch.randint`` each call, or — one launch fewer in a decode step — the caller's
+       (base, counter) pair of int64 device tensors, the seed being their sum (a decode
+       loop's step counter advances it).
   The chunk ids pass between the two phases of program 2 through a (rows, K_PAD) int32 scratch
-  (no register scatter in Triton), with a barrier between the store and the load.
+  (no register scatter in Triton), with a barrier between the store and the load. On sm_90
+  it launches with programmatic dependent launch, while the logits' writer drains.
 
 Temperature and top-k only; top-p needs the K values sorted and takes the torch path
 (``ws_lab.rollout.sampling``).
@@ -31,7 +34,10 @@ import torch
 import triton
 import triton.language as tl
 
+from triton.language.extra.cuda import gdc_wait
+
 from ws_lab.check import runs_triton
+from ws_lab.kernels.paged import _has_pdl
 
 # columns per chunk: the candidates are K · CHUNK values a row. 64: 38.6–39.8 µs a call at
 # (64, 151936) bf16, k 50; 128: 44.6 (torch.topk: 126; NOTES.md rollout, session 17)
@@ -90,9 +96,12 @@ def _chunk_max_kernel(Logits, Maxes, cols, n_chunks, stride_row, CHUNK: tl.const
 
 
 @triton.jit
-def _top_k_sample_kernel(Logits, Maxes, ChunkScratch, Seed, Out, cols, n_chunks, stride_row,
-                         inv_temperature, K: tl.constexpr, K_PAD: tl.constexpr,
-                         CHUNK: tl.constexpr, CHUNKS_PAD: tl.constexpr, SHIFT: tl.constexpr):
+def _top_k_sample_kernel(Logits, Maxes, ChunkScratch, Seed, SeedCounter, Out, cols, n_chunks,
+                         stride_row, inv_temperature, K: tl.constexpr, K_PAD: tl.constexpr,
+                         CHUNK: tl.constexpr, CHUNKS_PAD: tl.constexpr, SHIFT: tl.constexpr,
+                         COUNTER: tl.constexpr, PDL: tl.constexpr):
+    if PDL:
+        gdc_wait()  # launched while the logits' writer drains: its results first
     row = tl.program_id(0).to(tl.int64)
     # the K chunks with the largest maxima, compacted through the scratch row
     c = tl.arange(0, CHUNKS_PAD)
@@ -117,7 +126,10 @@ def _top_k_sample_kernel(Logits, Maxes, ChunkScratch, Seed, Out, cols, n_chunks,
     tau = _kth_largest_key(keys, K, floor, tl.max(keys).to(tl.int64) + 1)
     top = _first_k(keys, K, tau) & flat_ok
     # Gumbel-max over them
-    u = tl.rand(tl.load(Seed), row * cols + flat_col)
+    seed = tl.load(Seed)
+    if COUNTER:
+        seed += tl.load(SeedCounter)
+    u = tl.rand(seed, row * cols + flat_col)
     gumbel = -tl.log(-tl.log(tl.maximum(u, 1e-20)))
     score = tl.where(top, flat_x * inv_temperature + gumbel, float("-inf"))
     best = tl.argmax(score, axis=0)
@@ -134,11 +146,15 @@ def supported(logits: torch.Tensor, k: int) -> bool:
 
 
 def top_k_sample(logits: torch.Tensor, k: int, temperature: float,
-                 chunk_max: torch.Tensor | None = None) -> torch.Tensor:
+                 chunk_max: torch.Tensor | None = None,
+                 seed: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """(rows, V) logits -> (rows,) int64: one draw per row from softmax(logits / temperature)
     restricted to the row's k largest logits. ``chunk_max``: the (rows, ⌈V / CHUNK⌉) float32
     maxima of the first launch, when the logits' producer wrote them (the decode model's
-    lm_head does, in its epilogue): one launch and one pass over the logits fewer."""
+    lm_head does, in its epilogue): one launch and one pass over the logits fewer.
+    ``seed``: (base, counter), one-element int64 tensors on the logits' device whose sum seeds
+    the draw — a caller that advances ``counter`` between calls (a decode loop's step) saves
+    the ``torch.randint`` launch of each call; without it each call draws a seed."""
     if not supported(logits, k):
         raise ValueError(f"top_k_sample: needs a CUDA 2-D {DTYPES} tensor with unit column "
                          f"stride and 1 ≤ k ≤ min({MAX_K}, chunks); got {logits.dtype} "
@@ -156,8 +172,10 @@ def top_k_sample(logits: torch.Tensor, k: int, temperature: float,
                          f"{n_chunks}) tensor on {logits.device}; got {chunk_max.dtype} "
                          f"{tuple(chunk_max.shape)} with strides {chunk_max.stride()} on "
                          f"{chunk_max.device}")
+    _check_seed(seed, logits.device)
     scratch = torch.empty(rows, k_pad, dtype=torch.int32, device=logits.device)
-    seed = torch.randint(0, 2**31 - 1, (1,), dtype=torch.int64, device=logits.device)
+    base, counter = seed if seed is not None else (
+        torch.randint(0, 2**31 - 1, (1,), dtype=torch.int64, device=logits.device), None)
     out = torch.empty(rows, dtype=torch.int64, device=logits.device)
     maxes = chunk_max
     if chunk_max is None:
@@ -165,8 +183,26 @@ def top_k_sample(logits: torch.Tensor, k: int, temperature: float,
         _chunk_max_kernel[(rows, triton.cdiv(n_chunks, CHUNKS_PER_PROGRAM))](
             logits, maxes, cols, n_chunks, logits.stride(0), CHUNK=CHUNK,
             PER_PROGRAM=CHUNKS_PER_PROGRAM, num_warps=4)
+    pdl = _has_pdl(logits.device)
     _top_k_sample_kernel[(rows,)](
-        logits, maxes, scratch, seed, out, cols, n_chunks, logits.stride(0), 1.0 / temperature,
-        K=k, K_PAD=k_pad, CHUNK=CHUNK, CHUNKS_PAD=triton.next_power_of_2(n_chunks),
-        SHIFT=KEY_SHIFT[logits.dtype], num_warps=8)
+        logits, maxes, scratch, base, base if counter is None else counter, out, cols,
+        n_chunks, logits.stride(0), 1.0 / temperature, K=k, K_PAD=k_pad, CHUNK=CHUNK,
+        CHUNKS_PAD=triton.next_power_of_2(n_chunks), SHIFT=KEY_SHIFT[logits.dtype],
+        COUNTER=counter is not None, PDL=pdl, num_warps=8, launch_pdl=pdl)
     return out
+
+
+def _check_seed(seed, device):
+    """A (base, counter) pair of one-element int64 tensors on ``device``, or None."""
+    if seed is None:
+        return
+    if not (isinstance(seed, (tuple, list)) and len(seed) == 2):
+        raise TypeError(f"top_k_sample: seed must be a (base, counter) pair of tensors, got "
+                        f"{type(seed).__name__}")
+    for name, t in zip(("base", "counter"), seed):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"top_k_sample: seed {name} must be a torch.Tensor, got "
+                            f"{type(t).__name__}")
+        if t.dtype != torch.int64 or t.numel() != 1 or t.device != device:
+            raise ValueError(f"top_k_sample: seed {name} must be a one-element int64 tensor on "
+                             f"{device}, got {t.dtype} {tuple(t.shape)} on {t.device}")

@@ -373,6 +373,26 @@ def test_top_k_sample_refuses_chunk_max(chunk_max, message, monkeypatch):
         sampling.top_k_sample(torch.randn(4, 8192), 50, 1.0, chunk_max=chunk_max)
 
 
+_SEED = torch.zeros(1, dtype=torch.int64)
+
+
+@pytest.mark.parametrize("seed, error, message", [
+    (_SEED, TypeError, "seed must be a \\(base, counter\\) pair of tensors, got Tensor"),
+    ((_SEED, 3), TypeError, "seed counter must be a torch.Tensor, got int"),
+    ((_SEED.int(), _SEED), ValueError, "seed base must be a one-element int64 tensor on cpu, "
+                                       "got torch.int32"),
+    ((_SEED, torch.zeros(2, dtype=torch.int64)), ValueError,
+     "seed counter must be a one-element int64 tensor on cpu, got torch.int64 \\(2,\\)"),
+    ((_SEED, _SEED.to("meta")), ValueError, "seed counter .* on meta"),
+])
+def test_top_k_sample_refuses_seed(seed, error, message, monkeypatch):
+    from ws_lab.kernels import sampling
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(error, match=message):
+        sampling.top_k_sample(torch.randn(4, 8192), 50, 1.0, seed=seed)
+
+
 def test_prefetch_l2_refuses_a_strided_tensor():
     from ws_lab.kernels import decode_layer
 

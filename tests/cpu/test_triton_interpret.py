@@ -163,17 +163,24 @@ def test_fused_decode_static_report_compiles_for_sm90(tmp_path):
         assert sum("LDG" in line for line in sass[:wait]) == (0 if paged else 1), sass[:wait]
 
 
-def test_decode_layer_static_report_pipelines_and_prefetches():
+def test_decode_layer_static_report_pipelines_and_prefetches(tmp_path):
     """Specialized as a launch is (16-byte aligned pointers, K divisible by 16), the decode
-    GEMMs load through cp.async on a multi-stage pipeline with nothing spilled, and the L2
-    prefetch is one bulk prefetch instruction in its issue loop."""
+    GEMMs load through cp.async on a multi-stage pipeline with nothing spilled; the o GEMM (one
+    K tile a program) loads its weight tile before ``griddepcontrol.wait`` (ACQBULK), the others
+    nothing; the L2 prefetch is one bulk prefetch instruction in its issue loop."""
     from ws_lab import triton_static
     from ws_lab.kernels import decode_layer
 
-    gate_up, down, prefetch = [triton_static.report(s) for s in decode_layer.static_specs()]
+    specs = decode_layer.static_specs()
+    gate_up, down, o, prefetch = [triton_static.report(s, tmp_path / s.name) for s in specs]
     for text, stages in ((gate_up, 4), (down, 6)):
         assert int(re.search(r"LDGSTS (\d+)", text).group(1)) > 0, text
         assert "STL 0" in text and "HGMMA: 64x" in text, text
         smem = int(re.search(r"dynamic smem (\d+)", text).group(1))
         assert smem >= stages * 64 * 64 * 2, text  # one 64-row activation tile a stage, at least
+    assert "STL 0" in o and "HGMMA: 64x32x16" in o, o
+    for spec, early in zip(specs[:3], (0, 0, 4)):  # o: 32 × 128 bf16 weights, 16 B a load
+        sass = next((tmp_path / spec.name).glob("*.sass")).read_text().splitlines()
+        wait = next(i for i, line in enumerate(sass) if "ACQBULK" in line)
+        assert sum("LDG" in line for line in sass[:wait]) == early, (spec.name, sass[:wait])
     assert "UBLKPF 1" in prefetch, prefetch

@@ -92,6 +92,26 @@ def test_top_k_frequencies_match_the_softmax():
     assert chi2 < 30.0, (chi2, counts.tolist(), expected.tolist())  # df 7: p ≈ 1e-4
 
 
+def test_top_k_seed_pair_advances_with_its_counter():
+    """With a (base, counter) seed a graph replay draws afresh once the counter moves, and the
+    same seed draws the same tokens."""
+    logits = torch.zeros(64, VOCAB, device="cuda")  # 50 equal candidates a row: a uniform draw
+    seed = (torch.tensor([1234], device="cuda"), torch.zeros(1, dtype=torch.long, device="cuda"))
+    out = torch.empty(64, dtype=torch.long, device="cuda")
+    sampling.top_k_sample(logits, 50, 1.0, seed=seed)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out.copy_(sampling.top_k_sample(logits, 50, 1.0, seed=seed))
+    graph.replay()
+    first = out.clone()
+    graph.replay()
+    assert torch.equal(first, out)
+    seed[1].add_(1)
+    graph.replay()
+    assert not torch.equal(first, out)
+    assert torch.equal(first, sampling.top_k_sample(logits, 50, 1.0, seed=(seed[0], seed[1] - 1)))
+
+
 def test_top_k_graph_replays_draw_afresh():
     logits = torch.zeros(64, VOCAB, device="cuda")  # 50 equal candidates a row: a uniform draw
     out = torch.empty(64, dtype=torch.long, device="cuda")

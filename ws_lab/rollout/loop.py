@@ -94,9 +94,12 @@ def generate(model: DecodeModel, prompts: torch.Tensor, max_new: int, sampling: 
     sync()
     prefill_s = time.perf_counter() - start
 
+    # the top-k kernel's seed is this base plus the step counter: no seed launch in the step
+    seed = (torch.randint(0, 2**31 - 1, (1,), device=prompts.device), state.step)
+
     def step():
         step_logits = model.step(state.tokens, state.positions)
-        _record(state, step_logits, sample(step_logits, sampling, model.logit_chunk_max),
+        _record(state, step_logits, sample(step_logits, sampling, model.logit_chunk_max, seed),
                 forced, eos_id, move=True)
 
     run, done = step, 0

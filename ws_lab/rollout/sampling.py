@@ -25,19 +25,21 @@ class Sampling:
             raise ValueError(f"temperature ≥ 0, top_k ≥ 0 and 0 < top_p ≤ 1; got {self}")
 
 
-def sample(logits: torch.Tensor, cfg: Sampling,
-           chunk_max: torch.Tensor | None = None) -> torch.Tensor:
+def sample(logits: torch.Tensor, cfg: Sampling, chunk_max: torch.Tensor | None = None,
+           seed: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """(B, V) logits (any float dtype) -> (B,) int64 token ids. With top-k the draw happens on
     the k largest only (torch.topk returns them sorted, so top-p needs no sort of the vocab):
     at a 151936-token vocabulary every full-vocabulary pass costs ~19 µs at B 64 (NOTES:
     session 15's profile), and this path makes one. ``chunk_max``: the per-chunk maxima the
-    top-k kernel would compute first, when the logits' producer wrote them (``DecodeModel``)."""
+    top-k kernel would compute first, when the logits' producer wrote them (``DecodeModel``).
+    ``seed``: the top-k kernel's (base, counter) device seed (kernels/sampling.py), which the
+    decode loop advances with its step counter; the torch paths draw from torch's generator."""
     if cfg.temperature == 0:
         return logits.argmax(dim=-1)
     if cfg.top_k and cfg.top_p == 1:
         kernels = registry.decode("sampling")
         if kernels.supported(logits, cfg.top_k):  # two launches instead of torch.topk's radix passes
-            return kernels.top_k_sample(logits, cfg.top_k, cfg.temperature, chunk_max)
+            return kernels.top_k_sample(logits, cfg.top_k, cfg.temperature, chunk_max, seed)
     if cfg.top_k:
         values, ids = torch.topk(logits, min(cfg.top_k, logits.shape[-1]), dim=-1)
         return ids.gather(-1, _draw(values.float() / cfg.temperature, cfg.top_p, ordered=True))[:, 0]
