@@ -167,7 +167,9 @@ def test_decode_layer_static_report_pipelines_and_prefetches(tmp_path):
     """Specialized as a launch is (16-byte aligned pointers, K divisible by 16), the decode
     GEMMs load through cp.async on a multi-stage pipeline with nothing spilled; the o GEMM (one
     K tile a program) loads its weight tile before ``griddepcontrol.wait`` (ACQBULK), the others
-    nothing; the L2 prefetch is one bulk prefetch instruction in its issue loop."""
+    nothing; the split-K GEMMs (down, o) let their dependents launch (PREEXIT) before their
+    wait, gate|up after its main loop; the L2 prefetch is one bulk prefetch instruction in its
+    issue loop."""
     from ws_lab import triton_static
     from ws_lab.kernels import decode_layer
 
@@ -179,8 +181,11 @@ def test_decode_layer_static_report_pipelines_and_prefetches(tmp_path):
         smem = int(re.search(r"dynamic smem (\d+)", text).group(1))
         assert smem >= stages * 64 * 64 * 2, text  # one 64-row activation tile a stage, at least
     assert "STL 0" in o and "HGMMA: 64x32x16" in o, o
-    for spec, early in zip(specs[:3], (0, 0, 4)):  # o: 32 × 128 bf16 weights, 16 B a load
+    for spec, early, split in zip(specs[:3], (0, 0, 4), (False, True, True)):
         sass = next((tmp_path / spec.name).glob("*.sass")).read_text().splitlines()
         wait = next(i for i, line in enumerate(sass) if "ACQBULK" in line)
+        trigger = next(i for i, line in enumerate(sass) if "PREEXIT" in line)
+        # o: 32 × 128 bf16 weights, 16 B a load
         assert sum("LDG" in line for line in sass[:wait]) == early, (spec.name, sass[:wait])
+        assert (trigger < wait) == split, (spec.name, trigger, wait)
     assert "UBLKPF 1" in prefetch, prefetch
