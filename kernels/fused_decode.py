@@ -14,10 +14,11 @@ cos / sin (L, D), L ≥ the cache's capacity: the rotate-half convention of HF L
 Grid (B, Hkv, segments): one program per (sequence, KV head, context segment) serves the KV
 head's whole query group, so each K/V tile is read once per group. The segment count comes
 from the capacity; the segments themselves split each sequence's current context into runs of
-whole tiles as even as the tiles allow (the longest program reads the fewest tiles it can). Every program rotates q and
-the new k in registers; the segment-0 program writes the rotated k and v at ``positions[b]``
-(once per KV head) and folds the new token into its softmax state from registers, while every
-program reads only cache tokens < position — no program reads a slot written in the same launch.
+whole tiles as even as the tiles allow (the longest program reads the fewest tiles it can).
+Every program rotates q and the new k in registers; the segment-0 program writes the rotated
+k and v at ``positions[b]`` (once per KV head) and folds the new token into its softmax state
+from registers, while every program reads only cache tokens < position — no program reads a
+slot written in the same launch.
 With more than one segment each program leaves (m, l, O/l) in scratch and the last to arrive
 merges its group (an int32 arrival counter it resets), as kernels/paged.py's in-kernel merge.
 The segment count comes from shapes only (no host sync), so the call captures in a CUDA graph
