@@ -7,14 +7,20 @@ run it as a handful of torch ops; in a graph each of those is a dependent launch
 the Qwen2.5-0.5B step at B 64 is ~1 ms (NOTES.md rollout, session 18).
 
 One program holds every row (B ≤ MAX_ROWS): the step counter is read once and advanced once.
+On sm_90 it launches with programmatic dependent launch and waits for the draw before its first
+load; the top-k sampler lets it launch as soon as the sampler's programs start (kernels/
+sampling.py), so its launch is off the step's critical path: with the sampler's rework −7.9 µs
+a Qwen2.5-0.5B decode step (NOTES.md rollout, session 22).
 On a CPU tensor without the interpreter the same update runs as torch ops
 (``ws_lab.rollout.loop``).
 """
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
 from ws_lab.check import runs_triton
+from ws_lab.kernels.paged import _has_pdl
 
 MAX_ROWS = 4096
 
@@ -22,7 +28,9 @@ MAX_ROWS = 4096
 @triton.jit
 def _advance_kernel(Drawn, Forced, Finished, Tokens, Positions, Out, Step, rows, out_stride,
                     forced_row, forced_col, eos_id, FORCED: tl.constexpr, MOVE: tl.constexpr,
-                    BLOCK: tl.constexpr):
+                    BLOCK: tl.constexpr, PDL: tl.constexpr):
+    if PDL:
+        gdc_wait()  # launched while the sampler runs (it lets dependents launch at its top)
     b = tl.arange(0, BLOCK)
     ok = b < rows
     step = tl.load(Step)
@@ -54,9 +62,22 @@ def advance(drawn, forced, finished, tokens, positions, out, step, eos_id, move)
         raise ValueError(f"advance: out needs unit column stride, step one element and at most "
                          f"{MAX_ROWS} rows; got strides {out.stride()}, step {tuple(step.shape)}, "
                          f"{rows} rows")
+    pdl = _has_pdl(tokens.device)
     _advance_kernel[(1,)](drawn, drawn if forced is None else forced, finished, tokens,
                           positions, out, step, rows, out.stride(0),
                           0 if forced is None else forced.stride(0),
                           0 if forced is None else forced.stride(1), eos_id,
                           FORCED=forced is not None, MOVE=move,
-                          BLOCK=max(triton.next_power_of_2(rows), 32), num_warps=1)
+                          BLOCK=max(triton.next_power_of_2(rows), 32), PDL=pdl, num_warps=1,
+                          launch_pdl=pdl)
+
+
+def static_specs(rows=64):
+    """sm_90 specialization of the bookkeeping kernel (drawn tokens, positions moved)."""
+    from ws_lab.triton_static import StaticSpec
+
+    types = {n: "i32" for n in _advance_kernel.arg_names}
+    types.update(Drawn="*i64", Forced="*i64", Finished="*i1", Tokens="*i64", Positions="*i32",
+                 Out="*i64", Step="*i64")
+    meta = dict(FORCED=False, MOVE=True, BLOCK=max(triton.next_power_of_2(rows), 32), PDL=True)
+    return [StaticSpec("rollout_advance", _advance_kernel, types, meta, dict(num_warps=1))]

@@ -13,19 +13,24 @@ every row; NOTES.md rollout, session 17) — a tenth of the lab's decode step.
        one of them (a value ≥ the K-th largest lies in a chunk whose maximum is ≥ it, and at
        least K chunk maxima are ≥ the K-th largest chunk maximum, which is ≤ the K-th largest
        value). Ties at the K-th chunk maximum are filled in column order;
-     - among those K · CHUNK candidates, the K largest: a bisection on the order-preserving
-       int32 key of each value (its zero low bits shifted out) for the K-th largest key τ,
-       started at the K-th largest chunk maximum (a lower bound of τ: 39.9 → 32.4 µs a call),
-       then every key > τ plus the first (K − #>τ) keys = τ in column order — the set
-       torch.topk returns, up to which of equal values it takes;
-     - the Gumbel-max draw over that set: argmax(logit / T − log(−log u)), u from Philox at a
-       seed read from device memory, so graph replays draw fresh numbers: a fresh
-       ``torch.randint`` each call, or — one launch fewer in a decode step — the caller's
-       (base, counter) pair of int64 device tensors, the seed being their sum (a decode
-       loop's step counter advances it).
-  The chunk ids pass between the two phases of program 2 through a (rows, K_PAD) int32 scratch
-  (no register scatter in Triton), with a barrier between the store and the load. On sm_90
-  it launches with programmatic dependent launch, while the logits' writer drains.
+     - among those K · CHUNK candidates, the K largest: a ternary search on the
+       order-preserving int32 key of each value (its zero low bits shifted out) for the K-th
+       largest key τ, started at the K-th largest chunk maximum (a lower bound of τ), then
+       every key > τ plus the first (K − #>τ) keys = τ in column order — the set torch.topk
+       returns, up to which of equal values it takes. Each search round is one block-wide sum
+       (two thresholds' counts packed in an int32), each selection one scan (the above and tie
+       counts packed), which also gives each kept value its slot;
+     - the Gumbel-max draw over that set, moved to K slots first: argmax(logit / T −
+       log(−log u)), u from Philox at a seed read from device memory, so graph replays draw
+       fresh numbers: a fresh ``torch.randint`` each call, or — one launch fewer in a decode
+       step — the caller's (base, counter) pair of int64 device tensors, the seed being their
+       sum (a decode loop's step counter advances it).
+  The chunk ids and the winners pass between the phases of program 2 through a
+  (rows, 3, K_PAD) int32 scratch (no register scatter in Triton), with a barrier between each
+  store and its load. Against bisection, two scans and Philox over all K · CHUNK candidates:
+  18.3 → 14.1 µs a call at (64, 151936) bf16, k 50, the same draws (NOTES.md rollout, session
+  22). On sm_90 it launches with programmatic dependent launch, while the logits' writer
+  drains, and lets its dependent (the decode loop's one-program bookkeeping) launch at once.
 
 Temperature and top-k only; top-p needs the K values sorted and takes the torch path
 (``ws_lab.rollout.sampling``).
@@ -34,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from triton.language.extra.cuda import gdc_wait
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ws_lab.check import runs_triton
 from ws_lab.kernels.paged import _has_pdl
@@ -44,6 +49,7 @@ from ws_lab.kernels.paged import _has_pdl
 CHUNK = 64
 CHUNKS_PER_PROGRAM = 32
 MAX_K = 128
+MAX_CHUNKS = 32768  # the selection packs two counts of ≤ 65535 keys into an int32 (2.1 M columns)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 KEY_SHIFT = {torch.float16: 13, torch.bfloat16: 16, torch.float32: 0}  # zero low bits in fp32
 
@@ -59,29 +65,43 @@ def _order_key(x, SHIFT: tl.constexpr):
 
 @triton.jit
 def _kth_largest_key(keys, K: tl.constexpr, lo, hi):
-    """The largest t in [lo, hi) with count(keys ≥ t) ≥ K (the K-th largest key), given
-    count(keys ≥ lo) ≥ K > count(keys ≥ hi): bisection, one block-wide count per halving, so
-    a narrow starting range saves reductions. (A 16-ary search, 16-bit counts packed four to
-    an int64 and reduced together, took 4 rounds for 16 bits and was slower: NOTES.md rollout,
-    session 18.)"""
+    """(τ, count(keys > τ)) for τ the K-th largest key, i.e. the largest t in [lo, hi) with
+    count(keys ≥ t) ≥ K, given count(keys ≥ lo) ≥ K and hi above every key. A ternary
+    search: two thresholds a round, their counts (≤ 65535 keys) packed into one int32 sum, so
+    a round costs one block-wide reduction and cuts the range to a third (bisection: a half).
+    (A 16-ary search, four int64 sums a round, was slower: NOTES.md rollout, session 18.)"""
     lo = lo.to(tl.int64)
     hi = hi.to(tl.int64)
+    n_hi = tl.zeros([], tl.int32)  # count(keys ≥ hi)
     while hi - lo > 1:
-        mid = (lo + hi) // 2
-        enough = tl.sum((keys >= mid).to(tl.int32)) >= K
-        lo = tl.where(enough, mid, lo)
-        hi = tl.where(enough, hi, mid)
-    return lo.to(tl.int32)
+        third = (hi - lo + 2) // 3
+        t1 = lo + third
+        t2 = tl.minimum(t1 + third, hi - 1)
+        packed = tl.sum((keys >= t1).to(tl.int32) + ((keys >= t2).to(tl.int32) << 16))
+        c1 = packed & 0xFFFF
+        c2 = packed >> 16
+        lo, hi, n_hi = (tl.where(c2 >= K, t2, tl.where(c1 >= K, t1, lo)),
+                        tl.where(c2 >= K, hi, tl.where(c1 >= K, t2, t1)),
+                        tl.where(c2 >= K, n_hi, tl.where(c1 >= K, c2, c1)))
+    return lo.to(tl.int32), n_hi
 
 
 @triton.jit
-def _first_k(keys, K: tl.constexpr, tau):
-    """Mask of the K largest keys, given the K-th largest τ: every key above it, then ties in
-    flat order."""
+def _first_k(keys, K: tl.constexpr, tau, n_above):
+    """The K largest keys, given the K-th largest τ and count(keys > τ): every key above τ,
+    then ties in flat order. Returns (mask, each kept key's 0-based rank among the kept in
+    flat order), from one scan of the above and tie counts packed into an int32."""
     above = keys > tau
     tie = keys == tau
-    tie_rank = tl.cumsum(tie.to(tl.int32), axis=0)  # 1-based rank among ties
-    return above | (tie & (tie_rank <= K - tl.sum(above.to(tl.int32))))
+    upto = tl.cumsum(above.to(tl.int32) + (tie.to(tl.int32) << 16), axis=0)  # inclusive
+    ties_upto = upto >> 16
+    keep = above | (tie & (ties_upto <= K - n_above))
+    return keep, (upto & 0xFFFF) + tl.minimum(ties_upto, K - n_above) - 1
+
+
+@triton.jit
+def _min_max(a_min, a_max, b_min, b_max):
+    return tl.minimum(a_min, b_min), tl.maximum(a_max, b_max)
 
 
 @triton.jit
@@ -101,48 +121,54 @@ def _top_k_sample_kernel(Logits, Maxes, ChunkScratch, Seed, SeedCounter, Out, co
                          CHUNK: tl.constexpr, CHUNKS_PAD: tl.constexpr, SHIFT: tl.constexpr,
                          COUNTER: tl.constexpr, PDL: tl.constexpr):
     if PDL:
+        # the step's bookkeeping (one small program) may launch now and wait for the draw
+        gdc_launch_dependents()
         gdc_wait()  # launched while the logits' writer drains: its results first
     row = tl.program_id(0).to(tl.int64)
+    scratch = ChunkScratch + row * 3 * K_PAD  # chunk ids | winners' columns | their values
     # the K chunks with the largest maxima, compacted through the scratch row
     c = tl.arange(0, CHUNKS_PAD)
     maxes = tl.load(Maxes + row * n_chunks + c, mask=c < n_chunks, other=float("-inf"))
     max_keys = _order_key(maxes, SHIFT)
+    key_min, key_max = tl.reduce((max_keys, max_keys), 0, _min_max)
     # the K-th largest chunk maximum: no more than the K-th largest value (K chunks reach it)
-    floor = _kth_largest_key(max_keys, K, tl.min(max_keys), tl.max(max_keys).to(tl.int64) + 1)
-    keep = _first_k(max_keys, K, floor) & (c < n_chunks)
-    slot = tl.cumsum(keep.to(tl.int32), axis=0) - 1
-    tl.store(ChunkScratch + row * K_PAD + slot, c, mask=keep)
+    floor, n_above = _kth_largest_key(max_keys, K, key_min, key_max.to(tl.int64) + 1)
+    keep, slot = _first_k(max_keys, K, floor, n_above)
+    tl.store(scratch + slot, c, mask=keep & (c < n_chunks))
     tl.debug_barrier()
     s = tl.arange(0, K_PAD)
-    chunk = tl.load(ChunkScratch + row * K_PAD + s, mask=s < K, other=0)
-    # the K largest of their K · CHUNK values
+    chunk = tl.load(scratch + s, mask=s < K, other=0)
+    # the K largest of their K · CHUNK values; the row's maximum is the largest chunk maximum
     col = chunk[:, None] * CHUNK + tl.arange(0, CHUNK)[None, :]
     ok = (s < K)[:, None] & (col < cols)
     x = tl.load(Logits + row * stride_row + col, mask=ok, other=float("-inf")).to(tl.float32)
     flat_x = tl.reshape(x, [K_PAD * CHUNK])
     flat_col = tl.reshape(col, [K_PAD * CHUNK])
-    flat_ok = tl.reshape(ok, [K_PAD * CHUNK])
-    keys = tl.where(flat_ok, _order_key(flat_x, SHIFT), -2147483647 - 1)
-    tau = _kth_largest_key(keys, K, floor, tl.max(keys).to(tl.int64) + 1)
-    top = _first_k(keys, K, tau) & flat_ok
-    # Gumbel-max over them
+    keys = tl.where(tl.reshape(ok, [K_PAD * CHUNK]), _order_key(flat_x, SHIFT), -2147483647 - 1)
+    tau, n_above = _kth_largest_key(keys, K, floor, key_max.to(tl.int64) + 1)
+    top, slot = _first_k(keys, K, tau, n_above)
+    # the Gumbel-max draw over the K winners, moved to the front of the scratch row
+    tl.store(scratch + K_PAD + slot, flat_col, mask=top)
+    tl.store(scratch + 2 * K_PAD + slot, flat_x.to(tl.int32, bitcast=True), mask=top)
+    tl.debug_barrier()
+    win_col = tl.load(scratch + K_PAD + s, mask=s < K, other=0)
+    win_x = tl.load(scratch + 2 * K_PAD + s, mask=s < K, other=0).to(tl.float32, bitcast=True)
     seed = tl.load(Seed)
     if COUNTER:
         seed += tl.load(SeedCounter)
-    u = tl.rand(seed, row * cols + flat_col)
+    u = tl.rand(seed, row * cols + win_col)
     gumbel = -tl.log(-tl.log(tl.maximum(u, 1e-20)))
-    score = tl.where(top, flat_x * inv_temperature + gumbel, float("-inf"))
-    best = tl.argmax(score, axis=0)
-    token = tl.sum(tl.where(tl.arange(0, K_PAD * CHUNK) == best, flat_col, 0))
+    score = tl.where(s < K, win_x * inv_temperature + gumbel, float("-inf"))
+    token = tl.sum(tl.where(s == tl.argmax(score, axis=0), win_col, 0))
     tl.store(Out + row, token.to(tl.int64))
 
 
 def supported(logits: torch.Tensor, k: int) -> bool:
     """Whether ``top_k_sample`` takes this call: a CUDA (or interpreted CPU) 2-D float tensor
-    with unit column stride, 1 ≤ k ≤ MAX_K and at least k chunks."""
+    with unit column stride, 1 ≤ k ≤ MAX_K and k to MAX_CHUNKS chunks."""
     return (runs_triton(logits.device) and logits.dim() == 2 and logits.dtype in DTYPES
             and logits.stride(-1) == 1 and 1 <= k <= MAX_K
-            and triton.cdiv(logits.shape[1], CHUNK) >= k)
+            and k <= triton.cdiv(logits.shape[1], CHUNK) <= MAX_CHUNKS)
 
 
 def top_k_sample(logits: torch.Tensor, k: int, temperature: float,
@@ -157,7 +183,8 @@ def top_k_sample(logits: torch.Tensor, k: int, temperature: float,
     the ``torch.randint`` launch of each call; without it each call draws a seed."""
     if not supported(logits, k):
         raise ValueError(f"top_k_sample: needs a CUDA 2-D {DTYPES} tensor with unit column "
-                         f"stride and 1 ≤ k ≤ min({MAX_K}, chunks); got {logits.dtype} "
+                         f"stride, 1 ≤ k ≤ min({MAX_K}, chunks) and at most {MAX_CHUNKS} chunks "
+                         f"of {CHUNK}; got {logits.dtype} "
                          f"{tuple(logits.shape)} on {logits.device}, k={k}")
     if not temperature > 0:
         raise ValueError(f"top_k_sample: temperature must be > 0, got {temperature}")
@@ -173,7 +200,7 @@ def top_k_sample(logits: torch.Tensor, k: int, temperature: float,
                          f"{tuple(chunk_max.shape)} with strides {chunk_max.stride()} on "
                          f"{chunk_max.device}")
     _check_seed(seed, logits.device)
-    scratch = torch.empty(rows, k_pad, dtype=torch.int32, device=logits.device)
+    scratch = torch.empty(rows, 3, k_pad, dtype=torch.int32, device=logits.device)
     base, counter = seed if seed is not None else (
         torch.randint(0, 2**31 - 1, (1,), dtype=torch.int64, device=logits.device), None)
     out = torch.empty(rows, dtype=torch.int64, device=logits.device)
@@ -206,3 +233,18 @@ def _check_seed(seed, device):
         if t.dtype != torch.int64 or t.numel() != 1 or t.device != device:
             raise ValueError(f"top_k_sample: seed {name} must be a one-element int64 tensor on "
                              f"{device}, got {t.dtype} {tuple(t.shape)} on {t.device}")
+
+
+def static_specs(vocab=151936, k=50, dtype="bfloat16"):
+    """sm_90 specialization of the top-k kernel (chunk maxima given, a (base, counter) seed) at
+    Qwen2's vocabulary, for the static report."""
+    from ws_lab.triton_static import StaticSpec
+
+    types = {n: "i32" for n in _top_k_sample_kernel.arg_names}
+    types.update(Logits={"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32"}[dtype],
+                 Maxes="*fp32", ChunkScratch="*i32", Seed="*i64", SeedCounter="*i64",
+                 Out="*i64", inv_temperature="fp32")
+    meta = dict(K=k, K_PAD=triton.next_power_of_2(k), CHUNK=CHUNK,
+                CHUNKS_PAD=triton.next_power_of_2(triton.cdiv(vocab, CHUNK)),
+                SHIFT=KEY_SHIFT[getattr(torch, dtype)], COUNTER=True, PDL=True)
+    return [StaticSpec("top_k_sample", _top_k_sample_kernel, types, meta, dict(num_warps=8))]

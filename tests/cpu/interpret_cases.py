@@ -7,7 +7,7 @@ import os
 import triton
 import triton.language as tl
 
-from ws_lab.kernels.sampling import _first_k, _kth_largest_key, _order_key
+from ws_lab.kernels.sampling import _first_k, _kth_largest_key, _min_max, _order_key
 
 # (batch, Hq, Hkv, D, block_size, context lens): groups 1/4/8/32, D 80/96, lens 1/17/513
 PAGED = [(3, 4, 1, 64, 16, [1, 17, 513]), (2, 8, 1, 80, 8, [17, 1]), (1, 32, 1, 128, 32, [513]),
@@ -122,12 +122,15 @@ def _linear_cases(results):
 
 
 @triton.jit
-def _select_kernel(X, Mask, n, K: tl.constexpr, N_PAD: tl.constexpr, SHIFT: tl.constexpr):
-    """The sampler's selection alone: Mask = the K largest of X[:n] (ties in index order)."""
+def _select_kernel(X, Slot, n, K: tl.constexpr, N_PAD: tl.constexpr, SHIFT: tl.constexpr):
+    """The sampler's selection alone: Slot = each of the K largest of X[:n]'s rank among them
+    in index order (ties in index order), −1 elsewhere."""
     i = tl.arange(0, N_PAD)
     keys = tl.where(i < n, _order_key(tl.load(X + i, mask=i < n), SHIFT), -2147483647 - 1)
-    tau = _kth_largest_key(keys, K, tl.min(keys), tl.max(keys).to(tl.int64) + 1)
-    tl.store(Mask + i, _first_k(keys, K, tau).to(tl.int32), mask=i < n)
+    key_min, key_max = tl.reduce((keys, keys), 0, _min_max)
+    tau, n_above = _kth_largest_key(keys, K, key_min, key_max.to(tl.int64) + 1)
+    keep, slot = _first_k(keys, K, tau, n_above)
+    tl.store(Slot + i, tl.where(keep, slot, -1), mask=i < n)
 
 
 def _rollout_step_cases(results):
@@ -162,12 +165,15 @@ def _sampling_cases(results):
     for dtype, n, k, levels in SELECT:
         dt = getattr(torch, dtype)
         x = (torch.randint(0, levels, (n,)).float() if levels else torch.randn(n) * 4).to(dt)
-        mask = torch.zeros(n, dtype=torch.int32)
-        _select_kernel[(1,)](x, mask, n, K=k, N_PAD=triton.next_power_of_2(n),
-                     SHIFT=sampling.KEY_SHIFT[dt])
-        kept, rest = x[mask.bool()].float(), x[~mask.bool()].float()
+        slot = torch.full((n,), -2, dtype=torch.int32)
+        _select_kernel[(1,)](x, slot, n, K=k, N_PAD=triton.next_power_of_2(n),
+                             SHIFT=sampling.KEY_SHIFT[dt])
+        mask = slot >= 0
+        kept, rest = x[mask].float(), x[~mask].float()
         wrong = abs(int(mask.sum()) - k) + int(kept.numel() and rest.numel()
                                                 and bool(kept.min() < rest.max()))
+        wrong += int(not torch.equal(slot[mask], torch.arange(int(mask.sum()), dtype=torch.int32)))
+        wrong += int((slot[~mask] != -1).sum())
         results[f"sampling-select-{dtype}-n{n}-k{k}-levels{levels}"] = [float(wrong), 0.0]
 
     for rows, vocab, k in SAMPLING:

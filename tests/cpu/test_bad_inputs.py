@@ -314,6 +314,7 @@ def test_fused_decode_op_fake_refuses_like_the_op():
     ("interp", 0, 1.0, "1 ≤ k"),
     ("interp", 129, 1.0, "1 ≤ k"),
     ("interp-narrow", 65, 1.0, "chunks"),  # 4096 columns: 64 chunks of 64 < k
+    ("interp-wide", 50, 1.0, "at most 32768 chunks"),  # the selection's packed counts
     ("interp", 50, 0.0, "temperature must be > 0"),
     ("interp-int", 50, 1.0, "2-D"),
     ("interp-3d", 50, 1.0, "2-D"),
@@ -325,6 +326,7 @@ def test_top_k_sample_refuses(logits, k, temperature, message, monkeypatch):
     if isinstance(logits, str):
         monkeypatch.setenv("TRITON_INTERPRET", "1")
         logits = {"interp": torch.randn(4, 8192), "interp-narrow": torch.randn(4, 4096),
+                  "interp-wide": torch.empty(1, 32768 * 64 + 1),
                   "interp-int": torch.zeros(4, 8192, dtype=torch.int32),
                   "interp-3d": torch.randn(2, 4, 8192)}[logits]
     with pytest.raises(ValueError, match=message):

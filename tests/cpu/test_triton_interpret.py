@@ -189,3 +189,22 @@ def test_decode_layer_static_report_pipelines_and_prefetches(tmp_path):
         assert sum("LDG" in line for line in sass[:wait]) == early, (spec.name, sass[:wait])
         assert (trigger < wait) == split, (spec.name, trigger, wait)
     assert "UBLKPF 1" in prefetch, prefetch
+
+
+def test_sampler_lets_the_bookkeeping_launch_early(tmp_path):
+    """The top-k kernel lets its dependent launch (PREEXIT) before its own
+    ``griddepcontrol.wait`` (ACQBULK): the dependent is the one-program bookkeeping, which waits
+    (ACQBULK) before its first load, so it sits ready while the draw runs."""
+    from ws_lab import triton_static
+    from ws_lab.kernels import rollout_step, sampling
+
+    for spec, trigger_first in ((sampling.static_specs()[0], True),
+                                (rollout_step.static_specs()[0], False)):
+        text = triton_static.report(spec, tmp_path / spec.name)
+        assert "STL 0" in text, text
+        sass = next((tmp_path / spec.name).glob("*.sass")).read_text().splitlines()
+        wait = next(i for i, line in enumerate(sass) if "ACQBULK" in line)
+        loads = [i for i, line in enumerate(sass) if "LDG" in line]
+        assert loads and wait < loads[0], (spec.name, wait, loads[:3])
+        triggers = [i for i, line in enumerate(sass) if "PREEXIT" in line]
+        assert bool(triggers and triggers[0] < wait) == trigger_first, (spec.name, triggers, wait)
