@@ -232,7 +232,10 @@ def linear_config(n, k, glu, split_ok, sm_count) -> LinearConfig:
     block_k = 128 if k <= 1024 and k % 128 == 0 else 64
     for block_n in (128, 64, 32, 16):
         if n % block_n == 0 and n // block_n >= sm_count // 2:
-            return LinearConfig(block_n, block_k, 1)
+            # gate|up's two weight tiles a stage: 3 stages (144 KB of smem at 64 columns) leave
+            # an SM room for the next kernel's early-launched programs, where 4 (192 KB) do
+            # not: −6 µs a decode step (NOTES.md rollout, session 22)
+            return LinearConfig(block_n, block_k, 1, num_stages=3 if glu else 4)
     block_n = 16 if n % 32 else 32
     if not split_ok:
         return LinearConfig(block_n, block_k, 1)
