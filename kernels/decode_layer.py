@@ -233,9 +233,9 @@ def linear_config(n, k, glu, split_ok, sm_count) -> LinearConfig:
     for block_n in (128, 64, 32, 16):
         if n % block_n == 0 and n // block_n >= sm_count // 2:
             if glu:  # two weight tiles a stage: K 64 on 4 stages is 96 KB of smem at 64
-                # columns, where K 128 takes 192 KB and fills an SM; the decode step, against
-                # K 128 on 4 stages: 3 stages −4.3 µs, K 64 on 4 stages another −5.8 µs (K 64
-                # on 3 or 5 stages, K 32 on 6: slower; NOTES.md rollout, session 22)
+                # columns, where K 128 takes 192 KB, fills an SM and keeps the next kernel's
+                # early programs off it: −11.8 µs a decode step (K 128 on 3 stages −4.3; K 128
+                # on 2, K 64 on 3 or 5, K 32 on 6: slower; NOTES.md rollout, session 22)
                 return LinearConfig(block_n, 64, 1)
             return LinearConfig(block_n, block_k, 1)
     block_n = 16 if n % 32 else 32
