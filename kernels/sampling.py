@@ -58,7 +58,7 @@ KEY_SHIFT = {torch.float16: 13, torch.bfloat16: 16, torch.float32: 0}  # zero lo
 def _order_key(x, SHIFT: tl.constexpr):
     """int32 whose signed order is the float order of x (fp32 bits; negatives flipped),
     shifted right by SHIFT: the fp32 bits of an fp16 (bf16) value end in 13 (16) zero bits,
-    so the shift is exact and leaves the bisection 19 (16) bits to search instead of 32."""
+    so the shift is exact and leaves the search 19 (16) bits instead of 32."""
     bits = x.to(tl.float32).to(tl.int32, bitcast=True)
     return tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF) >> SHIFT
 
@@ -79,7 +79,7 @@ def _kth_largest_key(keys, K: tl.constexpr, lo, hi):
         t2 = tl.minimum(t1 + third, hi - 1)
         packed = tl.sum((keys >= t1).to(tl.int32) + ((keys >= t2).to(tl.int32) << 16))
         c1 = packed & 0xFFFF
-        c2 = packed >> 16
+        c2 = (packed >> 16) & 0xFFFF  # up to 32768: the sign bit, read back unsigned
         lo, hi, n_hi = (tl.where(c2 >= K, t2, tl.where(c1 >= K, t1, lo)),
                         tl.where(c2 >= K, hi, tl.where(c1 >= K, t2, t1)),
                         tl.where(c2 >= K, n_hi, tl.where(c1 >= K, c2, c1)))
@@ -94,7 +94,7 @@ def _first_k(keys, K: tl.constexpr, tau, n_above):
     above = keys > tau
     tie = keys == tau
     upto = tl.cumsum(above.to(tl.int32) + (tie.to(tl.int32) << 16), axis=0)  # inclusive
-    ties_upto = upto >> 16
+    ties_upto = (upto >> 16) & 0xFFFF  # up to 32768: the sign bit, read back unsigned
     keep = above | (tie & (ties_upto <= K - n_above))
     return keep, (upto & 0xFFFF) + tl.minimum(ties_upto, K - n_above) - 1
 

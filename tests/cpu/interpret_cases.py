@@ -23,7 +23,8 @@ SAMPLING = [(3, 8192, 50), (4, 6400, 1), (2, 8000, 7)]
 # the sampler's selection itself (dtype, n, k, distinct levels or None): the mask holds exactly
 # k values and none outside it is larger; few levels make long runs of ties
 SELECT = [("float32", 3000, 50, None), ("bfloat16", 4096, 50, 6), ("float16", 777, 1, None),
-          ("bfloat16", 2000, 128, None), ("float32", 64, 64, 3)]
+          ("bfloat16", 2000, 128, None), ("float32", 64, 64, 3),
+          ("float32", 32768, 50, 1)]  # all tied at MAX_CHUNKS keys: packed counts reach 2^31
 FUSED = [(3, 14, 2, 64, 160, [0, 1, 159], None), (2, 8, 8, 128, 130, [77, 5], None),
          (2, 32, 8, 128, 96, [95, 40], 16), (4, 14, 2, 64, 64, [63, 0, 31, 17], 8)]
 
