@@ -116,7 +116,7 @@ def _chunk_max_kernel(Logits, Maxes, cols, n_chunks, stride_row, CHUNK: tl.const
 
 
 @triton.jit
-def _top_k_sample_kernel(Logits, Maxes, ChunkScratch, Seed, SeedCounter, Out, cols, n_chunks,
+def _top_k_sample_kernel(Logits, Maxes, Scratch, Seed, SeedCounter, Out, cols, n_chunks,
                          stride_row, inv_temperature, K: tl.constexpr, K_PAD: tl.constexpr,
                          CHUNK: tl.constexpr, CHUNKS_PAD: tl.constexpr, SHIFT: tl.constexpr,
                          COUNTER: tl.constexpr, PDL: tl.constexpr):
@@ -125,7 +125,7 @@ def _top_k_sample_kernel(Logits, Maxes, ChunkScratch, Seed, SeedCounter, Out, co
         gdc_launch_dependents()
         gdc_wait()  # launched while the logits' writer drains: its results first
     row = tl.program_id(0).to(tl.int64)
-    scratch = ChunkScratch + row * 3 * K_PAD  # chunk ids | winners' columns | their values
+    scratch = Scratch + row * 3 * K_PAD  # chunk ids | winners' columns | their values
     # the K chunks with the largest maxima, compacted through the scratch row
     c = tl.arange(0, CHUNKS_PAD)
     maxes = tl.load(Maxes + row * n_chunks + c, mask=c < n_chunks, other=float("-inf"))
@@ -242,7 +242,7 @@ def static_specs(vocab=151936, k=50, dtype="bfloat16"):
 
     types = {n: "i32" for n in _top_k_sample_kernel.arg_names}
     types.update(Logits={"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32"}[dtype],
-                 Maxes="*fp32", ChunkScratch="*i32", Seed="*i64", SeedCounter="*i64",
+                 Maxes="*fp32", Scratch="*i32", Seed="*i64", SeedCounter="*i64",
                  Out="*i64", inv_temperature="fp32")
     meta = dict(K=k, K_PAD=triton.next_power_of_2(k), CHUNK=CHUNK,
                 CHUNKS_PAD=triton.next_power_of_2(triton.cdiv(vocab, CHUNK)),

@@ -143,6 +143,13 @@ def test_fused_decode_compiles_whole_through_its_fake():
     assert any("fused_decode" in t for t in targets), targets
 
 
+def _sass_and_wait(out_dir):
+    """The SASS lines a static report left in ``out_dir``, and the index of the first
+    ``griddepcontrol.wait`` (ACQBULK) among them."""
+    sass = next(out_dir.glob("*.sass")).read_text().splitlines()
+    return sass, next(i for i, line in enumerate(sass) if "ACQBULK" in line)
+
+
 def test_fused_decode_static_report_compiles_for_sm90(tmp_path):
     """Both layouts compile for sm_90. The static layout asks the L2 for its segment's K and V
     (two bulk prefetches) before ``griddepcontrol.wait`` (ACQBULK); the one load before the wait
@@ -155,8 +162,7 @@ def test_fused_decode_static_report_compiles_for_sm90(tmp_path):
                                     tmp_path / str(paged))
         assert "fused_decode" in text and re.search(r"registers \d+", text)
         assert "spill" not in text  # a Triton cubin has no ptxas spill report: left out
-        sass = next((tmp_path / str(paged)).glob("*.sass")).read_text().splitlines()
-        wait = next(i for i, line in enumerate(sass) if "ACQBULK" in line)
+        sass, wait = _sass_and_wait(tmp_path / str(paged))
         prefetches = [i for i, line in enumerate(sass) if "UBLKPF.L2" in line]
         assert len(prefetches) == (0 if paged else 2), text
         assert all(i < wait for i in prefetches)
@@ -184,8 +190,7 @@ def test_decode_layer_static_report_pipelines_and_prefetches(tmp_path):
     assert int(re.search(r"dynamic smem (\d+)", gate_up).group(1)) <= 96 * 1024, gate_up
     assert "STL 0" in o and "HGMMA: 64x32x16" in o, o
     for spec, early, split in zip(specs[:3], (0, 0, 4), (False, True, True)):
-        sass = next((tmp_path / spec.name).glob("*.sass")).read_text().splitlines()
-        wait = next(i for i, line in enumerate(sass) if "ACQBULK" in line)
+        sass, wait = _sass_and_wait(tmp_path / spec.name)
         trigger = next(i for i, line in enumerate(sass) if "PREEXIT" in line)
         # o: 32 × 128 bf16 weights, 16 B a load
         assert sum("LDG" in line for line in sass[:wait]) == early, (spec.name, sass[:wait])
@@ -204,8 +209,7 @@ def test_sampler_lets_the_bookkeeping_launch_early(tmp_path):
                                 (rollout_step.static_specs()[0], False)):
         text = triton_static.report(spec, tmp_path / spec.name)
         assert "STL 0" in text, text
-        sass = next((tmp_path / spec.name).glob("*.sass")).read_text().splitlines()
-        wait = next(i for i, line in enumerate(sass) if "ACQBULK" in line)
+        sass, wait = _sass_and_wait(tmp_path / spec.name)
         loads = [i for i, line in enumerate(sass) if "LDG" in line]
         assert loads and wait < loads[0], (spec.name, wait, loads[:3])
         triggers = [i for i, line in enumerate(sass) if "PREEXIT" in line]
