@@ -1,6 +1,6 @@
-"""Paged decode attention: every mode of kernels/paged.py vs SDPA (contiguous K/V), TileOPs'
-and FA-CuTe's paged ops and the HBM floor, in one process, on block tables where every
-physical block belongs to one sequence.
+"""Paged decode attention: every mode of kernels/paged.py (mode="cuda": kernels/paged_cuda.cu)
+vs SDPA (contiguous K/V), TileOPs' and FA-CuTe's paged ops and the HBM floor, in one process,
+on block tables where every physical block belongs to one sequence.
 
     python bench/paged.py                  # the named rows (block size 16)
     python bench/paged.py --sweep          # 82 shapes: how often auto is within 5 % of the best
@@ -11,6 +11,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # import this checkout's ws_lab
 
 import json
+import subprocess
 from dataclasses import asdict
 
 from ws_lab import bench_paged as bp
@@ -22,7 +23,7 @@ ROWS = [bp.PagedRow("llama7b-2k", 8, 32, 32, 2048), bp.PagedRow("llama7b-8k", 8,
         bp.PagedRow("llama3-8b", 8, 32, 8, 2048), bp.PagedRow("llama3-8b", 32, 32, 8, 2048),
         bp.PagedRow("llama70b", 4, 64, 8, 2048), bp.PagedRow("llama70b", 8, 64, 8, 2048),
         bp.PagedRow("mqa", 16, 32, 1, 4096), bp.PagedRow("long", 4, 32, 8, 32768)]
-MODES = ("v1", "gqa", "split_k", "auto")
+MODES = ("v1", "gqa", "split_k", "auto", "cuda")  # cuda: n/a where outside its scope
 
 
 # The latency-bound rows auto sends to split_k (34–67 MB of K/V: its reduce, launch gaps and
@@ -90,6 +91,24 @@ def static_report(block_sizes, json_path):
           dict(row=r.name, heads=heads, kv_heads=kv_heads, block_size=bs))
          for (heads, kv_heads, head_dim, bs), r in layouts.items()
          for spec in paged.static_specs(heads, kv_heads, head_dim, bs, r.dtype)], json_path)
+    print_cuda_report()
+
+
+def print_cuda_report():
+    """mode="cuda"'s kernels for sm_90: ptxas registers / spills and the SASS counts its
+    design rests on (paged_cuda.static_report); skipped without nvcc."""
+    from ws_lab.kernels import paged_cuda
+
+    try:
+        reports = paged_cuda.static_report((9, 0))
+    except (FileNotFoundError, OSError, subprocess.CalledProcessError) as exc:
+        print(f"mode='cuda' (paged_cuda.cu): no static report ({exc})")
+        return
+    print("mode='cuda' (kernels/paged_cuda.cu), sm_90:\n")
+    keys = list(reports[0])
+    print("| " + " | ".join(keys) + " |\n|" + "---|" * len(keys))
+    for r in reports:
+        print("| " + " | ".join(str(r[k]) for k in keys) + " |")
 
 
 def _main(argv):

@@ -15,6 +15,8 @@ CUDA-graph capturable):
            counter it resets, so no second launch. Segments past a sequence's length write
            m = -inf, l = 0 and vanish in the merge.
   auto     picks one of the three from the shape (``choose_mode``; rule from NOTES.md's sweep).
+  cuda     the hand-written CUDA kernel of ``paged_cuda.py`` (head dim 128, 16-token blocks,
+           fp16/bf16, groups ≤ 16, sm_80+; nvcc on first use). ``auto`` does not pick it yet.
 
 Tokens are gathered per row through the block table (row t: block ``block_table[b, t //
 block_size]``, slot ``t % block_size``), so any block size 8–128 uses the same ``LaunchConfig.tile_n``-token
@@ -34,8 +36,10 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ws_lab.check import refuse_overlapping_out, require_device, validate_scale
 from ws_lab.kernels import LOG2E
+from ws_lab.kernels import paged_cuda
 
 MODES = ("v1", "gqa", "split_k")
+ALL_MODES = MODES + ("auto", "cuda")  # "cuda": paged_cuda.py, outside the auto rule
 HEAD_DIMS = (64, 80, 96, 128, 256)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -298,8 +302,8 @@ def _validate(q, k_cache, v_cache, block_table, context_lens, mode, softmax_scal
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if mode not in MODES + ("auto",):
-        raise ValueError(f"mode must be one of {MODES + ('auto',)}, got {mode!r}")
+    if mode not in ALL_MODES:
+        raise ValueError(f"mode must be one of {ALL_MODES}, got {mode!r}")
     if q.dtype not in DTYPES:
         raise TypeError(f"q has dtype {q.dtype}; supported: {DTYPES}")
     if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
@@ -444,6 +448,10 @@ def paged_attention(q, k_cache, v_cache, block_table, context_lens, *, mode="aut
     of length 0 gets zeros. B = 0 returns an empty result without a launch.
     ``config`` overrides the mode's launch config (``DEFAULTS``) — for tuning."""
     scale = _validate(q, k_cache, v_cache, block_table, context_lens, mode, softmax_scale, out)
+    if mode == "cuda":
+        if config is not None:
+            raise ValueError("config sets the Triton modes' launch; mode='cuda' plans its own")
+        paged_cuda.validate(q, k_cache, v_cache, block_table, context_lens, out)
     batch, heads, head_dim = q.shape
     num_blocks, block_size, kv_heads, _ = k_cache.shape
     if out is None:
@@ -452,6 +460,8 @@ def paged_attention(q, k_cache, v_cache, block_table, context_lens, *, mode="aut
         return out
     if check_indices:
         _check_indices(block_table, context_lens, num_blocks, block_size)
+    if mode == "cuda":
+        return paged_cuda.paged_attention(q, k_cache, v_cache, block_table, context_lens, out, scale)
     group = heads // kv_heads
     max_tokens = block_table.shape[1] * block_size
     sm_count = _sm_count(q.device)

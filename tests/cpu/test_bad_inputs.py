@@ -87,6 +87,48 @@ def test_paged_attention_refuses(changes, exc, message, monkeypatch):
         paged.paged_attention(*args.values(), **kwargs)
 
 
+
+def _paged_cuda(**changes):
+    """A valid mode='cuda' call (fp16, head dim 128, 16-token blocks) with ``changes``."""
+    half = dict(q=torch.randn(2, 4, 128).half(), k_cache=torch.randn(8, 16, 2, 128).half(),
+                v_cache=torch.randn(8, 16, 2, 128).half())
+    return _paged(**{**half, **changes})
+
+
+def _misaligned_cache():
+    """Contiguous, but 2 bytes past a 16-byte boundary."""
+    return torch.randn(8 * 16 * 2 * 128 + 1).half()[1:].view(8, 16, 2, 128)
+
+
+CUDA_MODE = [
+    ("fp32", dict(q=torch.randn(2, 4, 128), k_cache=torch.randn(8, 16, 2, 128),
+                  v_cache=torch.randn(8, 16, 2, 128)), TypeError, "takes float16 or bfloat16"),
+    ("head dim 64", dict(q=torch.randn(2, 4, 64).half(), k_cache=torch.randn(8, 16, 2, 64).half(),
+                         v_cache=torch.randn(8, 16, 2, 64).half()), ValueError,
+     "head dim 128 only, got 64"),
+    ("block size 32", dict(k_cache=torch.randn(4, 32, 2, 128).half(),
+                           v_cache=torch.randn(4, 32, 2, 128).half()), ValueError,
+     "block_size 16 only, got 32"),
+    ("group 32", dict(q=torch.randn(2, 64, 128).half()), ValueError, "at most 16 heads"),
+    ("odd q stride", dict(q=torch.randn(2, 4, 129).half()[..., :128]), ValueError,
+     "4-byte aligned with even strides"),
+    ("misaligned k_cache", dict(k_cache=_misaligned_cache()), ValueError,
+     "k_cache 16-byte aligned"),
+    ("a launch config", dict(config=paged.DEFAULTS["gqa"]), ValueError, "plans its own"),
+    ("cpu under the interpreter", dict(), ValueError, "mode='cuda' needs CUDA tensors, got cpu"),
+]
+
+
+@pytest.mark.parametrize("changes,exc,message", [c[1:] for c in CUDA_MODE],
+                         ids=[c[0] for c in CUDA_MODE])
+def test_cuda_mode_refuses(changes, exc, message, monkeypatch):
+    """Under the interpreter CPU tensors pass the Triton modes' device check, so each case
+    reaches mode='cuda''s own checks, which run before its device check."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    args, kwargs = _paged_cuda(**changes)
+    with pytest.raises(exc, match=message):
+        paged.paged_attention(*args.values(), mode="cuda", **kwargs)
+
 CHECKED = [
     ("length past the table", [0, 49], None, "context_lens\\[1\\] = 49 is outside \\[0, 48\\]"),
     ("negative length", [-1, 3], None, "context_lens\\[0\\] = -1 is outside"),

@@ -1,0 +1,344 @@
+// Paged decode attention in CUDA C++: one query token per sequence against a paged KV cache,
+// head dim 128, 16-token cache blocks, fp16 or bf16. Built and launched by paged_cuda.py.
+//
+// Counterpart: FlashAttention-2's split-KV decode (flash_fwd_splitkv_kernel) and vLLM's
+// paged_attention v2, with FlashInfer's GQA tile (a KV head's query group as the 16 rows of
+// one mma tile).
+//
+// Grid (segment, KV head, sequence); NW warps a CTA, no warp specialization: every warp loads
+// and computes.
+//   - Each warp owns a cp.async ring of STAGES slots in shared memory. A slot holds one step:
+//     BPS whole cache blocks of K and of V (BPS · 8 KB). The warp walks the segment's steps
+//     round-robin with the CTA's other warps (steps warp, warp + NW, ...), keeps its own
+//     online-softmax state, and synchronizes only with itself (__syncwarp), so there is no
+//     CTA barrier in the main loop.
+//   - Block ids come from the table 32 lanes at a time, one window ahead, so the gather's
+//     table load is never on the path of a cp.async.
+//   - QK^T and PV are mma.sync m16n8k16 (rows: the group's query heads, zero-padded to 16);
+//     P stays in registers as PV's A operand. K and V slots are XOR-swizzled per 16-byte
+//     chunk so ldmatrix (K) and ldmatrix.trans (V) are bank-conflict free.
+//   - Rows past the context (the last block's tail, blocks past the segment) are zero-filled
+//     by cp.async (src-size 0: nothing read) and their scores masked to -inf.
+//   - After the loop the warps' (m, l, O) meet in shared memory (the rings are free by then)
+//     and the CTA writes the output, or its segment's partial (m, l, O/l) when the context is
+//     split; paged_merge then combines the segments.
+// Shared memory: NW · STAGES · BPS · 8 KB (2,2,2: 64 KB, three CTAs an SM; 4,2,2: 128 KB).
+// Registers: ~170 a thread (O: 64 fp32, Q fragments: 32).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+namespace {
+constexpr int D = 128;
+constexpr int BS = 16;
+constexpr int ROW_BYTES = D * 2;
+constexpr int BLK_BYTES = BS * ROW_BYTES;  // one block's K (or V) rows for one KV head: 4 KB
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// Byte offset of 16-byte chunk `chunk` of row `row`: 8 rows at one chunk land in 8 bank groups.
+__device__ __forceinline__ int swizzle(int row, int chunk) {
+  return row * ROW_BYTES + ((chunk ^ (row & 7)) << 4);
+}
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+template <typename T> struct Elem;
+template <> struct Elem<__half> {
+  __device__ static void mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  __device__ static uint32_t pack(float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+  __device__ static __half from_float(float x) { return __float2half_rn(x); }
+};
+template <> struct Elem<__nv_bfloat16> {
+  __device__ static void mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  __device__ static uint32_t pack(float lo, float hi) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+  __device__ static __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
+};
+
+// The launch arguments, one struct (paged_cuda.py's ctypes mirror has the same field order).
+template <typename T> struct Params {
+  const T* q; const T* k_cache; const T* v_cache; const int* block_table; const int* context_lens;
+  T* out; float* m_part; float* l_part; float* o_part;
+  float scale_log2; int group; int max_blocks; int blocks_per_seg;
+  long long stride_qb, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
+      stride_vh, stride_bt, stride_ob, stride_oh;
+};
+
+template <typename T, int NW, int STAGES, int BPS>
+__device__ __forceinline__ void decode(const Params<T>& a) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  constexpr int SLOT = BPS * 2 * BLK_BYTES;
+  constexpr int WINDOW = 32 / BPS;  // steps whose block ids one warp-wide load holds
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int seg = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  const int n_seg = gridDim.x, kv_heads = gridDim.y;
+  const int g = lane >> 2, t = lane & 3;  // mma fragment row group and column pair
+
+  const int len = min(max(a.context_lens[b], 0), a.max_blocks * BS);
+  const int blk0 = seg * a.blocks_per_seg;
+  const int blk1 = min((len + BS - 1) / BS, blk0 + a.blocks_per_seg);
+  const int limit = min(len, blk1 * BS);  // this segment's tokens end here
+  const int n_steps = blk1 > blk0 ? (blk1 - blk0 + BPS - 1) / BPS : 0;
+  const int my_steps = n_steps > warp ? (n_steps - warp + NW - 1) / NW : 0;
+  auto first_block = [&](int step) { return blk0 + (warp + NW * step) * BPS; };
+
+  uint8_t* ring = smem + warp * STAGES * SLOT;
+  const int* table_row = a.block_table + b * a.stride_bt;
+  auto window_ids = [&](int w) -> int {
+    const int step = w * WINDOW + lane / BPS, blk = first_block(step) + lane % BPS;
+    return step < my_steps && blk < blk1 ? __ldg(table_row + blk) : 0;
+  };
+  int window = 0, ids = window_ids(0), next_ids = window_ids(1);
+
+  auto issue = [&](int step) {
+    if (step < my_steps) {
+      if (step / WINDOW != window) {  // steps are issued in order: one window at a time
+        window = step / WINDOW;
+        ids = next_ids;
+        next_ids = window_ids(window + 1);
+      }
+      uint8_t* slot = ring + (step % STAGES) * SLOT;
+#pragma unroll
+      for (int j = 0; j < BPS; ++j) {
+        const int blk = first_block(step) + j;
+        const long long id = __shfl_sync(0xffffffffu, ids, (step % WINDOW) * BPS + j);
+        const T* k_rows = a.k_cache + id * a.stride_kb + kvh * a.stride_kh;
+        const T* v_rows = a.v_cache + id * a.stride_vb + kvh * a.stride_vh;
+        const uint32_t k_dst = smem_u32(slot + j * BLK_BYTES);
+        const uint32_t v_dst = smem_u32(slot + (BPS + j) * BLK_BYTES);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {  // 16 rows × 16 chunks of 16 B over 32 lanes
+          const int idx = lane + 32 * i, row = idx >> 4, chunk = idx & 15;
+          const bool in_context = blk * BS + row < limit;
+          cp_async16(k_dst + swizzle(row, chunk), k_rows + row * a.stride_ks + chunk * 8,
+                     in_context);
+          cp_async16(v_dst + swizzle(row, chunk), v_rows + row * a.stride_vs + chunk * 8,
+                     in_context);
+        }
+      }
+    }
+    cp_commit();  // an empty group past the end keeps the wait count uniform
+  };
+
+  // Q as the A fragments of QK^T: row r of the tile is query head kvh · group + r.
+  uint32_t qa[8][4];
+  const T* q_rows = a.q + b * a.stride_qb + (long long)kvh * a.group * a.stride_qh;
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int row = g + (r & 1) * 8, col = ks * 16 + 2 * t + (r >> 1) * 8;
+      qa[ks][r] = row < a.group
+                      ? *reinterpret_cast<const uint32_t*>(q_rows + row * a.stride_qh + col)
+                      : 0u;
+    }
+  }
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) issue(s);
+
+  float o[16][4];  // O: rows g / g + 8, columns 8n + 2t, +1
+#pragma unroll
+  for (int n = 0; n < 16; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
+
+  for (int step = 0; step < my_steps; ++step) {
+    cp_wait<STAGES - 2>();
+    __syncwarp();  // every lane's copies into this slot have landed; the slot issued next is free
+    issue(step + STAGES - 1);
+    const uint8_t* slot = ring + (step % STAGES) * SLOT;
+    const int first_tok = first_block(step) * BS;
+    const int mat = lane >> 3, mrow = lane & 7;  // the ldmatrix 8×8 this lane addresses
+
+    float s[2 * BPS][4];
+#pragma unroll
+    for (int n = 0; n < 2 * BPS; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+    for (int j = 0; j < BPS; ++j) {
+      const uint32_t k_tile = smem_u32(slot + j * BLK_BYTES);
+#pragma unroll
+      for (int ks = 0; ks < 8; ++ks) {
+        uint32_t kb[4];  // tokens 0-7 / 8-15 of the block, head dims 16ks..16ks+15
+        ldsm_x4(k_tile + swizzle(mrow + (mat >> 1) * 8, 2 * ks + (mat & 1)), kb);
+        Elem<T>::mma(s[2 * j], qa[ks], kb[0], kb[1]);
+        Elem<T>::mma(s[2 * j + 1], qa[ks], kb[2], kb[3]);
+      }
+    }
+    const bool tail = first_tok + BPS * BS > limit;
+    float max_lo = -INFINITY, max_hi = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < 2 * BPS; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const bool masked = tail && first_tok + n * 8 + 2 * t + (e & 1) >= limit;
+        s[n][e] = masked ? -INFINITY : s[n][e] * a.scale_log2;
+      }
+      max_lo = fmaxf(max_lo, fmaxf(s[n][0], s[n][1]));
+      max_hi = fmaxf(max_hi, fmaxf(s[n][2], s[n][3]));
+    }
+#pragma unroll
+    for (int x = 1; x <= 2; x <<= 1) {  // a row's 16·BPS scores sit in its 4 lanes
+      max_lo = fmaxf(max_lo, __shfl_xor_sync(0xffffffffu, max_lo, x));
+      max_hi = fmaxf(max_hi, __shfl_xor_sync(0xffffffffu, max_hi, x));
+    }
+    // Every step holds at least one token of the context, so the new maxima are finite.
+    const float new_lo = fmaxf(m_lo, max_lo), new_hi = fmaxf(m_hi, max_hi);
+    const float alpha_lo = exp2f(m_lo - new_lo), alpha_hi = exp2f(m_hi - new_hi);
+    m_lo = new_lo;
+    m_hi = new_hi;
+    uint32_t pa[BPS][4];  // P as the A fragments of PV, one k16 step per cache block
+    float sum_lo = 0.f, sum_hi = 0.f;
+#pragma unroll
+    for (int n = 0; n < 2 * BPS; ++n) {
+      const float p0 = exp2f(s[n][0] - new_lo), p1 = exp2f(s[n][1] - new_lo);
+      const float p2 = exp2f(s[n][2] - new_hi), p3 = exp2f(s[n][3] - new_hi);
+      sum_lo += p0 + p1;
+      sum_hi += p2 + p3;
+      pa[n >> 1][(n & 1) * 2] = Elem<T>::pack(p0, p1);
+      pa[n >> 1][(n & 1) * 2 + 1] = Elem<T>::pack(p2, p3);
+    }
+    l_lo = l_lo * alpha_lo + sum_lo;  // per-lane partial sums: the row's 4 lanes add up at the end
+    l_hi = l_hi * alpha_hi + sum_hi;
+#pragma unroll
+    for (int n = 0; n < 16; ++n) {
+      o[n][0] *= alpha_lo; o[n][1] *= alpha_lo;
+      o[n][2] *= alpha_hi; o[n][3] *= alpha_hi;
+    }
+#pragma unroll
+    for (int j = 0; j < BPS; ++j) {
+      const uint32_t v_tile = smem_u32(slot + (BPS + j) * BLK_BYTES);
+#pragma unroll
+      for (int dp = 0; dp < 8; ++dp) {
+        uint32_t vb[4];  // tokens 0-7 / 8-15, head dims 16dp..16dp+7 / 16dp+8..16dp+15
+        ldsm_x4_trans(v_tile + swizzle(mrow + (mat & 1) * 8, 2 * dp + (mat >> 1)), vb);
+        Elem<T>::mma(o[2 * dp], pa[j], vb[0], vb[1]);
+        Elem<T>::mma(o[2 * dp + 1], pa[j], vb[2], vb[3]);
+      }
+    }
+  }
+#pragma unroll
+  for (int x = 1; x <= 2; x <<= 1) {
+    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, x);
+    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, x);
+  }
+
+  // The warps' states meet in shared memory: m and l (16 rows each), O (16 × 128 fp32).
+  cp_wait<0>();
+  __syncthreads();
+  float* ms = reinterpret_cast<float*>(smem);
+  float* ls = ms + NW * 16;
+  float* os = ls + NW * 16;
+  if (t == 0) {
+    ms[warp * 16 + g] = m_lo; ms[warp * 16 + g + 8] = m_hi;
+    ls[warp * 16 + g] = l_lo; ls[warp * 16 + g + 8] = l_hi;
+  }
+#pragma unroll
+  for (int n = 0; n < 16; ++n) {
+    float* lo = os + (warp * 16 + g) * D + n * 8 + 2 * t;
+    *reinterpret_cast<float2*>(lo) = make_float2(o[n][0], o[n][1]);
+    *reinterpret_cast<float2*>(lo + 8 * D) = make_float2(o[n][2], o[n][3]);
+  }
+  __syncthreads();
+  const int heads = kv_heads * a.group;
+  for (int idx = threadIdx.x; idx < a.group * D; idx += NW * 32) {
+    const int row = idx / D, d = idx % D, h = kvh * a.group + row;
+    float m = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < NW; ++w) m = fmaxf(m, ms[w * 16 + row]);
+    float l = 0.f, acc = 0.f;
+    if (m != -INFINITY) {  // else no warp saw a token: an empty context or segment
+#pragma unroll
+      for (int w = 0; w < NW; ++w) {
+        const float f = exp2f(ms[w * 16 + row] - m);
+        l += ls[w * 16 + row] * f;
+        acc += os[(w * 16 + row) * D + d] * f;
+      }
+    }
+    const float value = l > 0.f ? acc / l : 0.f;
+    if (n_seg == 1) {
+      a.out[b * a.stride_ob + h * a.stride_oh + d] = Elem<T>::from_float(value);
+    } else {
+      const long long p = ((long long)b * heads + h) * n_seg + seg;
+      a.o_part[p * D + d] = value;
+      if (d == 0) {
+        a.m_part[p] = m;
+        a.l_part[p] = l;
+      }
+    }
+  }
+}
+
+// The segments of one (sequence, query head) combined: grid (B · Hq), D threads.
+template <typename T>
+__device__ __forceinline__ void merge(const float* m_part, const float* l_part,
+                                      const float* o_part, T* out, int n_seg, int heads,
+                                      long long stride_ob, long long stride_oh) {
+  const int bh = blockIdx.x, d = threadIdx.x;
+  const float* m = m_part + (long long)bh * n_seg;
+  const float* l = l_part + (long long)bh * n_seg;
+  float m_max = -INFINITY;
+  for (int s = 0; s < n_seg; ++s) m_max = fmaxf(m_max, m[s]);
+  float total = 0.f, acc = 0.f;
+  if (m_max != -INFINITY) {
+    for (int s = 0; s < n_seg; ++s) {
+      const float w = l[s] * exp2f(m[s] - m_max);
+      total += w;
+      acc += w * o_part[((long long)bh * n_seg + s) * D + d];
+    }
+  }
+  out[(bh / heads) * stride_ob + (bh % heads) * stride_oh + d] =
+      Elem<T>::from_float(total > 0.f ? acc / total : 0.f);
+}
+}  // namespace
+
+// Exported kernels: paged_decode_<dtype>_<warps>_<stages>_<blocks per step>, paged_merge_<dtype>.
+#define PAGED_DECODE(TYPE, NAME, NW, ST, BPS)                                                 \
+  extern "C" __global__ void __launch_bounds__(NW * 32)                                      \
+      paged_decode_##NAME##_##NW##_##ST##_##BPS(Params<TYPE> a) {                             \
+    decode<TYPE, NW, ST, BPS>(a);                                                             \
+  }
+#define PAGED_MERGE(TYPE, NAME)                                                               \
+  extern "C" __global__ void __launch_bounds__(D) paged_merge_##NAME(                        \
+      const float* m_part, const float* l_part, const float* o_part, TYPE* out, int n_seg,    \
+      int heads, long long stride_ob, long long stride_oh) {                                  \
+    merge<TYPE>(m_part, l_part, o_part, out, n_seg, heads, stride_ob, stride_oh);            \
+  }
+#define PAGED_FAMILY(TYPE, NAME)                                                              \
+  PAGED_DECODE(TYPE, NAME, 2, 2, 2)                                                           \
+  PAGED_DECODE(TYPE, NAME, 4, 2, 2)                                                           \
+  PAGED_MERGE(TYPE, NAME)
+PAGED_FAMILY(__half, f16)
+PAGED_FAMILY(__nv_bfloat16, bf16)

@@ -1,0 +1,263 @@
+"""Paged decode attention in hand-written CUDA (``paged_cuda.cu``): ``paged.paged_attention``'s
+``mode="cuda"``.
+
+Why it exists: on the big rows of ``bench/paged.py`` (B·Hkv ≥ 256, or 32k-token contexts) the
+Triton kernels stream K/V 2–5 % slower than SDPA reads its contiguous copy, and no Triton
+lever closed that (NOTES.md paged, sessions 16–20). This kernel gives each warp its own
+cp.async ring over whole cache blocks and no CTA barrier in its main loop; it is 1–3 % faster
+than the Triton modes on those rows (NOTES.md paged, session 23).
+
+Scope: head dim 128, 16-token blocks, fp16 / bf16, query groups of ≤ 16 heads, compute
+capability ≥ 8.0 (cp.async, ldmatrix, mma.sync). The source is compiled with ``nvcc`` for the
+device's architecture on first use and cached under ``$WS_LAB_CACHE`` (default
+``~/.cache/ws_lab``), keyed by the source's hash; the cubin is launched through the CUDA driver
+API (ctypes), on the current torch stream, so it is captured by CUDA graphs like any kernel.
+
+Plan (``plan``): one CTA per (sequence, KV head) when that fills the GPU (2 warps, 2 stages of
+2 blocks: 64 KB of shared memory); otherwise the context is split into segments, about one CTA
+an SM (4 warps, 128 KB), and ``paged_merge`` combines them.
+"""
+import ctypes
+import functools
+import hashlib
+import math
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ws_lab.kernels import LOG2E
+
+SOURCE = Path(__file__).with_suffix(".cu")
+HEAD_DIM = 128
+BLOCK_SIZE = 16
+MAX_GROUP = 16  # the query group is the 16 rows of one mma tile
+DTYPE_NAMES = {torch.float16: "f16", torch.bfloat16: "bf16"}
+MIN_CAPABILITY = (8, 0)
+
+
+@dataclass(frozen=True)
+class CudaConfig:
+    num_warps: int
+    stages: int  # cp.async ring slots per warp
+    blocks_per_step: int  # cache blocks per slot (one online-softmax step)
+
+    def smem_bytes(self) -> int:
+        ring = self.num_warps * self.stages * self.blocks_per_step * 2 * BLOCK_SIZE * HEAD_DIM * 2
+        merge = self.num_warps * (2 * 16 + 16 * HEAD_DIM) * 4  # the warps' m, l, O
+        return max(ring, merge)
+
+    def kernel_name(self, dtype) -> str:
+        return (f"paged_decode_{DTYPE_NAMES[dtype]}_{self.num_warps}_{self.stages}_"
+                f"{self.blocks_per_step}")
+
+
+# Measured on the H100 (NOTES.md paged, session 23, runs 149–151): 2,2,2 best with one CTA per
+# (sequence, KV head) on all three B·Hkv = 256 rows; 4,2,2 best on every split row.
+WHOLE = CudaConfig(2, 2, 2)
+SPLIT = CudaConfig(4, 2, 2)
+CONFIGS = (WHOLE, SPLIT)  # the instantiations in paged_cuda.cu
+
+
+def plan(batch, kv_heads, max_blocks, sm_count) -> tuple[CudaConfig, int, int]:
+    """(config, segments, blocks per segment). Segments: about one CTA an SM when B·Hkv alone
+    does not fill the GPU, each at least one step per warp."""
+    pairs = batch * kv_heads
+    if pairs >= sm_count:
+        return WHOLE, 1, max_blocks
+    cfg = SPLIT
+    step_blocks = cfg.num_warps * cfg.blocks_per_step
+    n_seg = max(1, min(sm_count // pairs, math.ceil(max_blocks / step_blocks)))
+    per_seg = math.ceil(math.ceil(max_blocks / n_seg) / cfg.blocks_per_step) * cfg.blocks_per_step
+    return cfg, math.ceil(max_blocks / per_seg), per_seg
+
+
+def validate(q, k_cache, v_cache, block_table, context_lens, out) -> None:
+    """What this kernel adds to ``paged._validate``'s checks (which run first): ValueError /
+    TypeError naming the problem, before any launch. The device comes last, so every other
+    refusal is testable on CPU tensors."""
+    if q.dtype not in DTYPE_NAMES:
+        raise TypeError(f"mode='cuda' takes float16 or bfloat16, got {q.dtype}")
+    _, block_size, kv_heads, head_dim = k_cache.shape
+    if head_dim != HEAD_DIM:
+        raise ValueError(f"mode='cuda' supports head dim {HEAD_DIM} only, got {head_dim}")
+    if block_size != BLOCK_SIZE:
+        raise ValueError(f"mode='cuda' supports block_size {BLOCK_SIZE} only, got {block_size}")
+    group = q.shape[1] // kv_heads
+    if group > MAX_GROUP:
+        raise ValueError(f"mode='cuda' takes query groups of at most {MAX_GROUP} heads (one mma "
+                         f"tile), got Hq/Hkv = {group}")
+    if q.shape[0] > 65535 or kv_heads > 65535:
+        raise ValueError(f"mode='cuda' grids hold at most 65535 sequences and KV heads, got "
+                         f"B={q.shape[0]}, Hkv={kv_heads}")
+    # Q is read as 4-byte pairs, K/V rows as 16-byte chunks.
+    if q.stride(1) % 2 or q.stride(0) % 2 or q.data_ptr() % 4:
+        raise ValueError(f"mode='cuda' needs q 4-byte aligned with even strides, got strides "
+                         f"{q.stride()}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.data_ptr() % 16:
+            raise ValueError(f"mode='cuda' needs {name} 16-byte aligned")
+    if q.device.type != "cuda":
+        raise ValueError(f"mode='cuda' needs CUDA tensors, got {q.device.type} tensors (the "
+                         "interpreter runs the Triton modes only)")
+    capability = torch.cuda.get_device_capability(q.device)
+    if capability < MIN_CAPABILITY:
+        raise ValueError(f"mode='cuda' needs compute capability >= 8.0 (cp.async, mma.sync), "
+                         f"{q.device} has {capability[0]}.{capability[1]}")
+
+
+def paged_attention(q, k_cache, v_cache, block_table, context_lens, out, scale) -> torch.Tensor:
+    """Launches on validated inputs (``paged.paged_attention(mode="cuda")`` is the entry point)."""
+    batch, heads, _ = q.shape
+    max_blocks = block_table.shape[1]
+    kv_heads = k_cache.shape[2]
+    cfg, n_seg, per_seg = plan(batch, kv_heads, max_blocks,
+                               torch.cuda.get_device_properties(q.device).multi_processor_count)
+    if n_seg > 1:
+        m_part = torch.empty(batch * heads * n_seg, dtype=torch.float32, device=q.device)
+        l_part = torch.empty_like(m_part)
+        o_part = torch.empty(batch * heads * n_seg * HEAD_DIM, dtype=torch.float32,
+                             device=q.device)
+        parts = (m_part.data_ptr(), l_part.data_ptr(), o_part.data_ptr())
+    else:
+        parts = (0, 0, 0)
+    params = _Params(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+                     block_table.data_ptr(), context_lens.data_ptr(), out.data_ptr(), *parts,
+                     scale * LOG2E, heads // kv_heads, max_blocks, per_seg,
+                     q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
+                     block_table.stride(0), out.stride(0), out.stride(1))
+    index = torch.cuda.current_device() if q.device.index is None else q.device.index
+    module = _module(index)
+    with torch.cuda.device(index):
+        stream = torch.cuda.current_stream(q.device).cuda_stream
+        module.launch(cfg.kernel_name(q.dtype), (n_seg, kv_heads, batch), cfg.num_warps * 32,
+                      cfg.smem_bytes(), stream, [params])
+        if n_seg > 1:
+            module.launch(f"paged_merge_{DTYPE_NAMES[q.dtype]}", (batch * heads, 1, 1), HEAD_DIM,
+                          0, stream,
+                          [ctypes.c_uint64(p) for p in parts] + [
+                              ctypes.c_uint64(out.data_ptr()), ctypes.c_int(n_seg),
+                              ctypes.c_int(heads), ctypes.c_longlong(out.stride(0)),
+                              ctypes.c_longlong(out.stride(1))])
+    return out
+
+
+class _Params(ctypes.Structure):
+    """paged_cuda.cu's ``Params<T>``, field for field."""
+    _fields_ = ([(n, ctypes.c_uint64) for n in ("q", "k_cache", "v_cache", "block_table",
+                                                 "context_lens", "out", "m_part", "l_part",
+                                                 "o_part")]
+                + [("scale_log2", ctypes.c_float), ("group", ctypes.c_int),
+                   ("max_blocks", ctypes.c_int), ("blocks_per_seg", ctypes.c_int)]
+                + [(n, ctypes.c_longlong) for n in (
+                    "stride_qb", "stride_qh", "stride_kb", "stride_ks", "stride_kh", "stride_vb",
+                    "stride_vs", "stride_vh", "stride_bt", "stride_ob", "stride_oh")])
+
+
+def arch_flag(capability) -> str:
+    major, minor = capability
+    return f"-arch=sm_{major}{minor}"
+
+
+def compile_cubin(capability, cache_dir=None) -> Path:
+    """The cubin of ``paged_cuda.cu`` for a compute capability, built by nvcc once per source
+    hash and architecture. RuntimeError if nvcc is missing or fails."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        raise RuntimeError("mode='cuda' compiles paged_cuda.cu on first use and needs nvcc on "
+                           "PATH (the CUDA toolkit)")
+    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+    cache = Path(cache_dir or os.environ.get("WS_LAB_CACHE", Path.home() / ".cache" / "ws_lab"))
+    target = cache / "paged_cuda" / f"{digest}_sm{capability[0]}{capability[1]}.cubin"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_suffix(f".{os.getpid()}.tmp")
+        proc = subprocess.run([nvcc, "-cubin", arch_flag(capability), "-O3", "-o", str(tmp),
+                               str(SOURCE)], capture_output=True, text=True)
+        if proc.returncode:
+            raise RuntimeError(f"nvcc failed on {SOURCE.name}:\n{proc.stderr[-2000:]}")
+        tmp.replace(target)  # atomic: concurrent first calls each write their own tmp
+    return target
+
+
+class _Module:
+    """A cubin loaded into one device's primary context, its functions looked up once."""
+
+    def __init__(self, cubin: bytes):
+        self._driver = _driver()
+        self._handle = ctypes.c_void_p()
+        _check(self._driver.cuModuleLoadData(ctypes.byref(self._handle), cubin),
+               "cuModuleLoadData")
+        self._functions = {}
+
+    def launch(self, name, grid, threads, smem, stream, args):
+        fn = self._functions.get(name)
+        if fn is None:
+            fn = ctypes.c_void_p()
+            _check(self._driver.cuModuleGetFunction(ctypes.byref(fn), self._handle,
+                                                    name.encode()), name)
+            _check(self._driver.cuFuncSetAttribute(fn, _MAX_DYNAMIC_SHARED, smem),
+                   f"{name}: {smem} bytes of shared memory")
+            self._functions[name] = fn
+        pointers = (ctypes.c_void_p * len(args))(
+            *[ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in args])
+        _check(self._driver.cuLaunchKernel(fn, *grid, threads, 1, 1, smem,
+                                           ctypes.c_void_p(stream), pointers, None), name)
+
+
+_MAX_DYNAMIC_SHARED = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+
+
+@functools.cache
+def _driver():
+    return ctypes.CDLL("libcuda.so.1")
+
+
+@functools.cache
+def _module(index: int) -> _Module:
+    capability = torch.cuda.get_device_capability(index)
+    cubin = compile_cubin(capability).read_bytes()
+    with torch.cuda.device(index):
+        torch.empty(0, device=f"cuda:{index}")  # creates the primary context and makes it current
+        return _Module(cubin)
+
+
+def _check(result, what):
+    if result:
+        raise RuntimeError(f"CUDA driver error {result} in {what}")
+
+
+def static_report(capability=(9, 0)) -> list[dict]:
+    """No GPU needed (nvcc, cuobjdump): per exported kernel of ``paged_cuda.cu`` for
+    ``capability``, ptxas's registers and spill bytes and the SASS counts of the instructions
+    the design rests on: HMMA (mma.sync), LDSM (ldmatrix), LDGSTS (cp.async), BAR (CTA
+    barriers: only the warps' merge after the main loop)."""
+    import re
+    import tempfile
+    from collections import Counter
+
+    from ws_lab import sass
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "paged_cuda.cubin"
+        proc = subprocess.run([shutil.which("nvcc") or "nvcc", "-cubin", arch_flag(capability),
+                               "-O3", "-Xptxas", "-v", "-o", str(cubin), str(SOURCE)],
+                              capture_output=True, text=True, check=True)
+        listing = sass.dump_sass(cubin)
+    usage = {m.group(1): m.group(2) for m in re.finditer(
+        r"Compiling entry function '(\w+)'.*?\n(.*?Used \d+ registers[^\n]*)", proc.stderr,
+        re.S)}
+    reports = []
+    for name, body in re.findall(r"Function : (\w+)\n(.*?)(?=\n\s*Function : |\Z)", listing,
+                                 re.S):
+        summary = sass.parse_ptxas(usage.get(name, ""), sass.SassSummary())
+        opcodes = Counter(i.split()[1] if i.startswith("@") else i.split()[0]
+                          for i in sass.sass_instructions(body) if i.split())
+        counts = {key: sum(n for op, n in opcodes.items() if op == key or op.startswith(key + "."))
+                  for key in ("HMMA", "LDSM", "LDGSTS", "BAR")}
+        reports.append(dict(kernel=name, registers=summary.registers,
+                            spill_bytes=summary.spill_bytes, **counts))
+    return sorted(reports, key=lambda r: r["kernel"])

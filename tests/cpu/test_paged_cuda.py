@@ -1,0 +1,74 @@
+"""The hand-written CUDA paged decode (kernels/paged_cuda.cu) without a GPU: nvcc builds it for
+sm_80 and sm_90, and the SASS shows the design its docstring states; the ctypes mirror of its
+launch struct matches the C++ layout; the planner's segments cover every block."""
+import ctypes
+import itertools
+import shutil
+import subprocess
+
+import pytest
+
+from ws_lab.kernels import paged_cuda as pc
+
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (CUDA toolkit)")
+DTYPES = ("f16", "bf16")
+
+
+@needs_nvcc
+@pytest.mark.parametrize("capability", [(8, 0), (9, 0)], ids=["sm80", "sm90"])
+def test_every_planned_kernel_builds_without_spills_and_keeps_its_design(capability):
+    reports = {r["kernel"]: r for r in pc.static_report(capability)}
+    decode = {f"paged_decode_{dt}_{c.num_warps}_{c.stages}_{c.blocks_per_step}": c
+              for c, dt in itertools.product(pc.CONFIGS, DTYPES)}
+    assert set(reports) == set(decode) | {f"paged_merge_{dt}" for dt in DTYPES}
+    for name, cfg in decode.items():
+        r = reports[name]
+        assert r["spill_bytes"] == 0 and r["registers"] <= 255, r
+        # A step: 16 mma for QK^T and 16 for PV per cache block; 8 ldmatrix of K, 8 of V.
+        assert r["HMMA"] == 32 * cfg.blocks_per_step, r
+        assert r["LDSM"] == 16 * cfg.blocks_per_step, r
+        assert r["LDGSTS"] >= 16 * cfg.blocks_per_step, r
+        assert r["BAR"] == 2, r  # the warps' merge only: no CTA barrier in the main loop
+    for dt in DTYPES:
+        assert reports[f"paged_merge_{dt}"]["BAR"] == 0
+
+
+@needs_nvcc
+def test_the_ctypes_params_match_the_kernels_struct(tmp_path):
+    """A translation unit that includes paged_cuda.cu and static_asserts every field offset the
+    ctypes mirror uses: a reordered or retyped field fails to compile."""
+    checks = [f"static_assert(sizeof(Params<{t}>) == {ctypes.sizeof(pc._Params)}, \"size\");"
+              for t in ("__half", "__nv_bfloat16")]
+    checks += [f"static_assert(offsetof(Params<__half>, {name}) == "
+               f"{getattr(pc._Params, name).offset}, \"{name}\");"
+               for name, _ in pc._Params._fields_]
+    probe = tmp_path / "layout.cu"
+    probe.write_text(f'#include <cstddef>\n#include "{pc.SOURCE}"\nnamespace {{\n'
+                     + "\n".join(checks) + "\n}\n")
+    proc = subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-o", str(tmp_path / "x.cubin"),
+                           str(probe)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_one_cta_per_pair_when_the_pairs_fill_the_gpu():
+    assert pc.plan(8, 32, 128, 132) == (pc.WHOLE, 1, 128)  # llama7b-2k: 256 pairs
+
+
+def test_split_rows_get_about_one_cta_an_sm():
+    assert pc.plan(4, 8, 2048, 132) == (pc.SPLIT, 4, 512)  # long B4: 32 pairs, 32k tokens
+    assert pc.plan(8, 8, 128, 132) == (pc.SPLIT, 2, 64)  # llama3-8b B8: 64 pairs
+
+
+@pytest.mark.parametrize("batch,kv_heads,max_blocks", itertools.product(
+    (1, 3, 16, 200), (1, 2, 8, 40), (1, 2, 7, 9, 64, 129, 3600)))
+def test_segments_cover_every_block_once(batch, kv_heads, max_blocks):
+    cfg, n_seg, per_seg = pc.plan(batch, kv_heads, max_blocks, 132)
+    assert per_seg % cfg.blocks_per_step == 0 or n_seg == 1
+    assert n_seg * per_seg >= max_blocks > (n_seg - 1) * per_seg
+    assert n_seg == 1 or batch * kv_heads * n_seg <= 132
+
+
+def test_shared_memory_fits_the_sm():
+    for cfg in pc.CONFIGS:
+        assert cfg.smem_bytes() <= 227 * 1024
+    assert 3 * pc.WHOLE.smem_bytes() <= 228 * 1024  # the docstring's three CTAs an SM
