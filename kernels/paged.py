@@ -16,7 +16,8 @@ CUDA-graph capturable):
            m = -inf, l = 0 and vanish in the merge.
   auto     picks one of the three from the shape (``choose_mode``; rule from NOTES.md's sweep).
   cuda     the hand-written CUDA kernel of ``paged_cuda.py`` (head dim 128, 16-token blocks,
-           fp16/bf16, groups ≤ 16, sm_80+; nvcc on first use). ``auto`` does not pick it yet.
+           fp16/bf16, groups ≤ 16, sm_80+; nvcc on first use). ``auto`` takes it in place of
+           gqa where it applies (``auto_mode``).
 
 Tokens are gathered per row through the block table (row t: block ``block_table[b, t //
 block_size]``, slot ``t % block_size``), so any block size 8–128 uses the same ``LaunchConfig.tile_n``-token
@@ -39,7 +40,7 @@ from ws_lab.kernels import LOG2E
 from ws_lab.kernels import paged_cuda
 
 MODES = ("v1", "gqa", "split_k")
-ALL_MODES = MODES + ("auto", "cuda")  # "cuda": paged_cuda.py, outside the auto rule
+ALL_MODES = MODES + ("auto", "cuda")  # "cuda": paged_cuda.py
 HEAD_DIMS = (64, 80, 96, 128, 256)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -434,6 +435,19 @@ def choose_mode(batch, heads, kv_heads, max_tokens, sm_count) -> str:
 GQA_FROM_PER_SM = 4
 
 
+def auto_mode(q, k_cache, v_cache, block_table, sm_count) -> str:
+    """``auto``'s pick: ``choose_mode``'s, with mode="cuda" in place of gqa where that kernel
+    applies (``paged_cuda.supports``). On every sweep shape the rule sends to gqa the CUDA
+    kernel ran at 0.960–1.015 × the best Triton mode (NOTES.md paged, session 23); on the
+    split_k rows it is slower than split_k, so those stay."""
+    batch, heads, _ = q.shape
+    mode = choose_mode(batch, heads, k_cache.shape[2], block_table.shape[1] * k_cache.shape[1],
+                       sm_count)
+    if mode == "gqa" and paged_cuda.supports(q, k_cache, v_cache):
+        return "cuda"
+    return mode
+
+
 def paged_attention(q, k_cache, v_cache, block_table, context_lens, *, mode="auto",
                     softmax_scale=None, out=None, config: LaunchConfig | None = None,
                     check_indices: bool = False):
@@ -460,13 +474,14 @@ def paged_attention(q, k_cache, v_cache, block_table, context_lens, *, mode="aut
         return out
     if check_indices:
         _check_indices(block_table, context_lens, num_blocks, block_size)
-    if mode == "cuda":
-        return paged_cuda.paged_attention(q, k_cache, v_cache, block_table, context_lens, out, scale)
     group = heads // kv_heads
     max_tokens = block_table.shape[1] * block_size
     sm_count = _sm_count(q.device)
-    if mode == "auto":
-        mode = choose_mode(batch, heads, kv_heads, max_tokens, sm_count)
+    if mode == "auto":  # a config is for the Triton modes: with one, auto keeps to them
+        mode = (auto_mode(q, k_cache, v_cache, block_table, sm_count) if config is None else
+                choose_mode(batch, heads, kv_heads, max_tokens, sm_count))
+    if mode == "cuda":
+        return paged_cuda.paged_attention(q, k_cache, v_cache, block_table, context_lens, out, scale)
     config = config or launch_config(mode, batch, kv_heads, sm_count)
     d_pad = triton.next_power_of_2(head_dim)
     tile = tile_for(config, d_pad, q.element_size())

@@ -13,6 +13,10 @@ device's architecture on first use and cached under ``$WS_LAB_CACHE`` (default
 ``~/.cache/ws_lab``), keyed by the source's hash; the cubin is launched through the CUDA driver
 API (ctypes), on the current torch stream, so it is captured by CUDA graphs like any kernel.
 
+``paged.auto_mode`` picks it wherever the Triton rule would pick gqa and ``supports`` holds:
+on the 13 sweep shapes that go to gqa it was 0.960–1.015 × the best Triton mode (session 23,
+run 153).
+
 Plan (``plan``): one CTA per (sequence, KV head) when that fills the GPU (2 warps, 2 stages of
 2 blocks: 64 KB of shared memory); otherwise the context is split into segments, about one CTA
 an SM (4 warps, 128 KB), and ``paged_merge`` combines them.
@@ -109,6 +113,17 @@ def validate(q, k_cache, v_cache, block_table, context_lens, out) -> None:
                          f"{q.device} has {capability[0]}.{capability[1]}")
 
 
+def supports(q, k_cache, v_cache) -> bool:
+    """Whether ``validate`` accepts these inputs and the kernel can be built (nvcc on PATH, or
+    its cubin already cached): what ``paged.auto_mode`` asks before it picks this kernel."""
+    try:
+        validate(q, k_cache, v_cache, None, None, None)
+    except (TypeError, ValueError):
+        return False
+    return shutil.which("nvcc") is not None or _cached_cubin(
+        torch.cuda.get_device_capability(q.device)).exists()
+
+
 def paged_attention(q, k_cache, v_cache, block_table, context_lens, out, scale) -> torch.Tensor:
     """Launches on validated inputs (``paged.paged_attention(mode="cuda")`` is the entry point)."""
     batch, heads, _ = q.shape
@@ -162,17 +177,21 @@ def arch_flag(capability) -> str:
     return f"-arch=sm_{major}{minor}"
 
 
+def _cached_cubin(capability, cache_dir=None) -> Path:
+    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+    cache = Path(cache_dir or os.environ.get("WS_LAB_CACHE", Path.home() / ".cache" / "ws_lab"))
+    return cache / "paged_cuda" / f"{digest}_sm{capability[0]}{capability[1]}.cubin"
+
+
 def compile_cubin(capability, cache_dir=None) -> Path:
     """The cubin of ``paged_cuda.cu`` for a compute capability, built by nvcc once per source
     hash and architecture. RuntimeError if nvcc is missing or fails."""
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        raise RuntimeError("mode='cuda' compiles paged_cuda.cu on first use and needs nvcc on "
-                           "PATH (the CUDA toolkit)")
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
-    cache = Path(cache_dir or os.environ.get("WS_LAB_CACHE", Path.home() / ".cache" / "ws_lab"))
-    target = cache / "paged_cuda" / f"{digest}_sm{capability[0]}{capability[1]}.cubin"
+    target = _cached_cubin(capability, cache_dir)
     if not target.exists():
+        nvcc = shutil.which("nvcc")
+        if nvcc is None:
+            raise RuntimeError("mode='cuda' compiles paged_cuda.cu on first use and needs nvcc "
+                               "on PATH (the CUDA toolkit)")
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_suffix(f".{os.getpid()}.tmp")
         proc = subprocess.run([nvcc, "-cubin", arch_flag(capability), "-O3", "-o", str(tmp),

@@ -149,8 +149,11 @@ def measure_row(row: PagedRow, modes, read_gbps, with_peers=True, config=None) -
         res.us[mode] = _time_us([
             lambda s=s: paged.paged_attention(s[0], s[1], s[2], table, lens, mode=mode, out=out,
                                               **launch) for s in sets])
-    res.notes["auto"] = paged.choose_mode(row.batch, row.heads, row.kv_heads,
-                                          table.shape[1] * row.block_size, paged._sm_count(q.device))
+    res.notes["auto"] = (paged.auto_mode(q, kc, vc, table, paged._sm_count(q.device))
+                         if config is None else
+                         paged.choose_mode(row.batch, row.heads, row.kv_heads,
+                                           table.shape[1] * row.block_size,
+                                           paged._sm_count(q.device)))
     if with_peers:
         _measure_peers(res, sets, table, lens, ref)
     res.us["floor"] = row.kv_bytes() / (read_gbps * 1e9) * 1e6
@@ -245,12 +248,12 @@ def table(results, modes) -> str:
 
 def within(results, tolerance=0.05) -> tuple[int, int]:
     """How many rows have auto within ``tolerance`` of the best single mode it chooses from
-    (``paged.MODES``: mode="cuda" is outside the rule)."""
+    (``paged.MODES`` and, where it ran, mode="cuda")."""
     paged = registry.decode("paged")
 
     hits = 0
     for r in results:
-        best = min(r.us[m] for m in paged.MODES)
+        best = min(r.us[m] for m in paged.MODES + ("cuda",) if r.us.get(m) is not None)
         hits += r.us["auto"] <= (1 + tolerance) * best
     return hits, len(results)
 
@@ -265,15 +268,20 @@ def sweep_rows() -> list[PagedRow]:
 
 
 def rule_table(results) -> str:
-    """Per sweep row: the features the auto rule may use and each mode's time."""
+    """Per sweep row: the features the auto rule may use and each mode's time (n/a: outside
+    mode="cuda"'s scope)."""
     paged = registry.decode("paged")
 
-    lines = ["| B | Hq/Hkv | ctx | B·Hkv | v1 µs | gqa µs | split_k µs | best | auto |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    modes = paged.MODES + ("cuda",)
+    lines = ["| B | Hq/Hkv | ctx | B·Hkv | " + " | ".join(f"{m} µs" for m in modes)
+             + " | best | auto |", "|" + "---|" * (len(modes) + 6)]
     for r in results:
-        best = min(paged.MODES, key=lambda m: r.us[m])
+        timed = [m for m in modes if r.us.get(m) is not None]
+        best = min(timed, key=lambda m: r.us[m])
         lines.append(f"| {r.row.batch} | {r.row.heads}/{r.row.kv_heads} | {r.row.context} | "
-                     f"{r.row.batch * r.row.kv_heads} | " + " | ".join(f"{r.us[m]:.1f}" for m in paged.MODES)
+                     f"{r.row.batch * r.row.kv_heads} | "
+                     + " | ".join("n/a" if r.us.get(m) is None else f"{r.us[m]:.1f}"
+                                  for m in modes)
                      + f" | {best} | {r.notes['auto']} |")
     return "\n".join(lines)
 

@@ -72,3 +72,22 @@ def test_shared_memory_fits_the_sm():
     for cfg in pc.CONFIGS:
         assert cfg.smem_bytes() <= 227 * 1024
     assert 3 * pc.WHOLE.smem_bytes() <= 228 * 1024  # the docstring's three CTAs an SM
+
+
+def test_auto_takes_cuda_in_place_of_gqa_only(monkeypatch):
+    """auto_mode asks paged_cuda.supports only where the Triton rule picks gqa."""
+    import torch
+
+    from ws_lab.kernels import paged
+
+    def inputs(batch, heads, kv_heads, blocks):
+        return (torch.empty(batch, heads, 128, dtype=torch.float16),
+                torch.empty(8, 16, kv_heads, 128, dtype=torch.float16),
+                torch.empty(8, 16, kv_heads, 128, dtype=torch.float16),
+                torch.empty(batch, blocks, dtype=torch.int32))
+
+    gqa_shape, split_shape = inputs(8, 32, 32, 128), inputs(4, 32, 8, 2048)
+    assert paged.auto_mode(*gqa_shape, 132) == "gqa"  # CPU tensors: the kernel does not apply
+    monkeypatch.setattr(pc, "supports", lambda *a: True)
+    assert paged.auto_mode(*gqa_shape, 132) == "cuda"
+    assert paged.auto_mode(*split_shape, 132) == "split_k"
