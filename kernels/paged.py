@@ -438,7 +438,7 @@ GQA_FROM_PER_SM = 4
 def auto_mode(q, k_cache, v_cache, block_table, sm_count) -> str:
     """``auto``'s pick: ``choose_mode``'s, with mode="cuda" in place of gqa where that kernel
     applies (``paged_cuda.supports``). On every sweep shape the rule sends to gqa the CUDA
-    kernel ran at 0.960–1.015 × the best Triton mode (NOTES.md paged, session 23); on the
+    kernel ran at 0.960–1.015 × the best Triton mode (notes/triton.md, Session 23); on the
     split_k rows it is slower than split_k, so those stay."""
     batch, heads, _ = q.shape
     mode = choose_mode(batch, heads, k_cache.shape[2], block_table.shape[1] * k_cache.shape[1],
@@ -481,7 +481,8 @@ def paged_attention(q, k_cache, v_cache, block_table, context_lens, *, mode="aut
         mode = (auto_mode(q, k_cache, v_cache, block_table, sm_count) if config is None else
                 choose_mode(batch, heads, kv_heads, max_tokens, sm_count))
     if mode == "cuda":
-        return paged_cuda.paged_attention(q, k_cache, v_cache, block_table, context_lens, out, scale)
+        return paged_cuda.paged_attention(q, k_cache, v_cache, block_table, context_lens, out,
+                                          scale)
     config = config or launch_config(mode, batch, kv_heads, sm_count)
     d_pad = triton.next_power_of_2(head_dim)
     tile = tile_for(config, d_pad, q.element_size())

@@ -3,9 +3,9 @@
 
 Why it exists: on the big rows of ``bench/paged.py`` (B·Hkv ≥ 256, or 32k-token contexts) the
 Triton kernels stream K/V 2–5 % slower than SDPA reads its contiguous copy, and no Triton
-lever closed that (NOTES.md paged, sessions 16–20). This kernel gives each warp its own
+lever closed that (notes/triton.md, sessions 16–20). This kernel gives each warp its own
 cp.async ring over whole cache blocks and no CTA barrier in its main loop; it is 1–3 % faster
-than the Triton modes on those rows (NOTES.md paged, session 23).
+than the Triton modes on those rows (notes/triton.md, Session 23).
 
 Scope: head dim 128, 16-token blocks, fp16 / bf16, query groups of ≤ 16 heads, compute
 capability ≥ 8.0 (cp.async, ldmatrix, mma.sync). The source is compiled with ``nvcc`` for the
@@ -14,8 +14,8 @@ device's architecture on first use and cached under ``$WS_LAB_CACHE`` (default
 API (ctypes), on the current torch stream, so it is captured by CUDA graphs like any kernel.
 
 ``paged.auto_mode`` picks it wherever the Triton rule would pick gqa and ``supports`` holds:
-on the 13 sweep shapes that go to gqa it was 0.960–1.015 × the best Triton mode (session 23,
-run 153).
+on the 13 sweep shapes that go to gqa it was 0.960–1.015 × the best Triton mode
+(notes/triton.md, Session 23, run 153).
 
 Plan (``plan``): one CTA per (sequence, KV head) when that fills the GPU (2 warps, 2 stages of
 2 blocks: 64 KB of shared memory); otherwise the context is split into segments, about one CTA
@@ -59,7 +59,7 @@ class CudaConfig:
                 f"{self.blocks_per_step}")
 
 
-# Measured on the H100 (NOTES.md paged, session 23, runs 149–151): 2,2,2 best with one CTA per
+# Measured on the H100 (notes/triton.md, Session 23, runs 149–151): 2,2,2 best with one CTA per
 # (sequence, KV head) on all three B·Hkv = 256 rows; 4,2,2 best on every split row.
 WHOLE = CudaConfig(2, 2, 2)
 SPLIT = CudaConfig(4, 2, 2)
