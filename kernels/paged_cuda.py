@@ -120,8 +120,13 @@ def supports(q, k_cache, v_cache) -> bool:
         validate(q, k_cache, v_cache, None, None, None)
     except (TypeError, ValueError):
         return False
-    return shutil.which("nvcc") is not None or _cached_cubin(
-        torch.cuda.get_device_capability(q.device)).exists()
+    return _buildable(torch.cuda.get_device_capability(q.device))
+
+
+@functools.cache
+def _buildable(capability) -> bool:
+    """Asked once per architecture: auto calls ``supports`` on every gqa-shaped call."""
+    return shutil.which("nvcc") is not None or _cached_cubin(capability).exists()
 
 
 def paged_attention(q, k_cache, v_cache, block_table, context_lens, out, scale) -> torch.Tensor:
