@@ -101,7 +101,7 @@ def print_cuda_report():
 
     try:
         reports = paged_cuda.static_report((9, 0))
-    except (FileNotFoundError, OSError, subprocess.CalledProcessError) as exc:
+    except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:  # nvcc or cuobjdump
         print(f"mode='cuda' (paged_cuda.cu): no static report ({exc})")
         return
     print("mode='cuda' (kernels/paged_cuda.cu), sm_90:\n")

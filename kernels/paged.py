@@ -40,7 +40,8 @@ from ws_lab.kernels import LOG2E
 from ws_lab.kernels import paged_cuda
 
 MODES = ("v1", "gqa", "split_k")
-ALL_MODES = MODES + ("auto", "cuda")  # "cuda": paged_cuda.py
+AUTO_CHOICES = MODES + ("cuda",)  # what auto picks from; "cuda": paged_cuda.py
+ALL_MODES = AUTO_CHOICES + ("auto",)
 HEAD_DIMS = (64, 80, 96, 128, 256)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -435,15 +436,16 @@ def choose_mode(batch, heads, kv_heads, max_tokens, sm_count) -> str:
 GQA_FROM_PER_SM = 4
 
 
-def auto_mode(q, k_cache, v_cache, block_table, sm_count) -> str:
+def auto_mode(q, k_cache, v_cache, block_table, sm_count, config=None) -> str:
     """``auto``'s pick: ``choose_mode``'s, with mode="cuda" in place of gqa where that kernel
     applies (``paged_cuda.supports``). On every sweep shape the rule sends to gqa the CUDA
     kernel ran at 0.960–1.015 × the best Triton mode (notes/triton.md, Session 23); on the
-    split_k rows it is slower than split_k, so those stay."""
+    split_k rows it is slower than split_k, so those stay. A ``config`` is for the Triton
+    modes: with one, auto keeps to them."""
     batch, heads, _ = q.shape
     mode = choose_mode(batch, heads, k_cache.shape[2], block_table.shape[1] * k_cache.shape[1],
                        sm_count)
-    if mode == "gqa" and paged_cuda.supports(q, k_cache, v_cache):
+    if mode == "gqa" and config is None and paged_cuda.supports(q, k_cache, v_cache):
         return "cuda"
     return mode
 
@@ -465,7 +467,7 @@ def paged_attention(q, k_cache, v_cache, block_table, context_lens, *, mode="aut
     if mode == "cuda":
         if config is not None:
             raise ValueError("config sets the Triton modes' launch; mode='cuda' plans its own")
-        paged_cuda.validate(q, k_cache, v_cache, block_table, context_lens, out)
+        paged_cuda.validate(q, k_cache, v_cache)
     batch, heads, head_dim = q.shape
     num_blocks, block_size, kv_heads, _ = k_cache.shape
     if out is None:
@@ -477,9 +479,8 @@ def paged_attention(q, k_cache, v_cache, block_table, context_lens, *, mode="aut
     group = heads // kv_heads
     max_tokens = block_table.shape[1] * block_size
     sm_count = _sm_count(q.device)
-    if mode == "auto":  # a config is for the Triton modes: with one, auto keeps to them
-        mode = (auto_mode(q, k_cache, v_cache, block_table, sm_count) if config is None else
-                choose_mode(batch, heads, kv_heads, max_tokens, sm_count))
+    if mode == "auto":
+        mode = auto_mode(q, k_cache, v_cache, block_table, sm_count, config)
     if mode == "cuda":
         return paged_cuda.paged_attention(q, k_cache, v_cache, block_table, context_lens, out,
                                           scale)

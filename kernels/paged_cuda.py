@@ -79,7 +79,7 @@ def plan(batch, kv_heads, max_blocks, sm_count) -> tuple[CudaConfig, int, int]:
     return cfg, math.ceil(max_blocks / per_seg), per_seg
 
 
-def validate(q, k_cache, v_cache, block_table, context_lens, out) -> None:
+def validate(q, k_cache, v_cache) -> None:
     """What this kernel adds to ``paged._validate``'s checks (which run first): ValueError /
     TypeError naming the problem, before any launch. The device comes last, so every other
     refusal is testable on CPU tensors."""
@@ -117,7 +117,7 @@ def supports(q, k_cache, v_cache) -> bool:
     """Whether ``validate`` accepts these inputs and the kernel can be built (nvcc on PATH, or
     its cubin already cached): what ``paged.auto_mode`` asks before it picks this kernel."""
     try:
-        validate(q, k_cache, v_cache, None, None, None)
+        validate(q, k_cache, v_cache)
     except (TypeError, ValueError):
         return False
     return _buildable(torch.cuda.get_device_capability(q.device))
@@ -188,21 +188,28 @@ def _cached_cubin(capability, cache_dir=None) -> Path:
     return cache / "paged_cuda" / f"{digest}_sm{capability[0]}{capability[1]}.cubin"
 
 
+def _nvcc(capability, cubin: Path, *options) -> str:
+    """Builds ``paged_cuda.cu`` into ``cubin`` for ``capability``; returns nvcc's stderr
+    (ptxas's report with ``-Xptxas -v``). RuntimeError if nvcc is missing or fails."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        raise RuntimeError("mode='cuda' compiles paged_cuda.cu on first use and needs nvcc on "
+                           "PATH (the CUDA toolkit)")
+    proc = subprocess.run([nvcc, "-cubin", arch_flag(capability), "-O3", *options, "-o",
+                           str(cubin), str(SOURCE)], capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"nvcc failed on {SOURCE.name}:\n{proc.stderr[-2000:]}")
+    return proc.stderr
+
+
 def compile_cubin(capability, cache_dir=None) -> Path:
     """The cubin of ``paged_cuda.cu`` for a compute capability, built by nvcc once per source
     hash and architecture. RuntimeError if nvcc is missing or fails."""
     target = _cached_cubin(capability, cache_dir)
     if not target.exists():
-        nvcc = shutil.which("nvcc")
-        if nvcc is None:
-            raise RuntimeError("mode='cuda' compiles paged_cuda.cu on first use and needs nvcc "
-                               "on PATH (the CUDA toolkit)")
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_suffix(f".{os.getpid()}.tmp")
-        proc = subprocess.run([nvcc, "-cubin", arch_flag(capability), "-O3", "-o", str(tmp),
-                               str(SOURCE)], capture_output=True, text=True)
-        if proc.returncode:
-            raise RuntimeError(f"nvcc failed on {SOURCE.name}:\n{proc.stderr[-2000:]}")
+        _nvcc(capability, tmp)
         tmp.replace(target)  # atomic: concurrent first calls each write their own tmp
     return target
 
@@ -267,12 +274,10 @@ def static_report(capability=(9, 0)) -> list[dict]:
 
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "paged_cuda.cubin"
-        proc = subprocess.run([shutil.which("nvcc") or "nvcc", "-cubin", arch_flag(capability),
-                               "-O3", "-Xptxas", "-v", "-o", str(cubin), str(SOURCE)],
-                              capture_output=True, text=True, check=True)
+        ptxas_report = _nvcc(capability, cubin, "-Xptxas", "-v")
         listing = sass.dump_sass(cubin)
     usage = {m.group(1): m.group(2) for m in re.finditer(
-        r"Compiling entry function '(\w+)'.*?\n(.*?Used \d+ registers[^\n]*)", proc.stderr,
+        r"Compiling entry function '(\w+)'.*?\n(.*?Used \d+ registers[^\n]*)", ptxas_report,
         re.S)}
     reports = []
     for name, body in re.findall(r"Function : (\w+)\n(.*?)(?=\n\s*Function : |\Z)", listing,

@@ -149,11 +149,7 @@ def measure_row(row: PagedRow, modes, read_gbps, with_peers=True, config=None) -
         res.us[mode] = _time_us([
             lambda s=s: paged.paged_attention(s[0], s[1], s[2], table, lens, mode=mode, out=out,
                                               **launch) for s in sets])
-    res.notes["auto"] = (paged.auto_mode(q, kc, vc, table, paged._sm_count(q.device))
-                         if config is None else
-                         paged.choose_mode(row.batch, row.heads, row.kv_heads,
-                                           table.shape[1] * row.block_size,
-                                           paged._sm_count(q.device)))
+    res.notes["auto"] = paged.auto_mode(q, kc, vc, table, paged._sm_count(q.device), config)
     if with_peers:
         _measure_peers(res, sets, table, lens, ref)
     res.us["floor"] = row.kv_bytes() / (read_gbps * 1e9) * 1e6
@@ -248,12 +244,12 @@ def table(results, modes) -> str:
 
 def within(results, tolerance=0.05) -> tuple[int, int]:
     """How many rows have auto within ``tolerance`` of the best single mode it chooses from
-    (``paged.MODES`` and, where it ran, mode="cuda")."""
+    (``paged.AUTO_CHOICES``; mode="cuda" where it ran)."""
     paged = registry.decode("paged")
 
     hits = 0
     for r in results:
-        best = min(r.us[m] for m in paged.MODES + ("cuda",) if r.us.get(m) is not None)
+        best = min(r.us[m] for m in paged.AUTO_CHOICES if r.us.get(m) is not None)
         hits += r.us["auto"] <= (1 + tolerance) * best
     return hits, len(results)
 
@@ -272,7 +268,7 @@ def rule_table(results) -> str:
     mode="cuda"'s scope)."""
     paged = registry.decode("paged")
 
-    modes = paged.MODES + ("cuda",)
+    modes = paged.AUTO_CHOICES
     lines = ["| B | Hq/Hkv | ctx | B·Hkv | " + " | ".join(f"{m} µs" for m in modes)
              + " | best | auto |", "|" + "---|" * (len(modes) + 6)]
     for r in results:

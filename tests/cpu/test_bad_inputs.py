@@ -87,7 +87,6 @@ def test_paged_attention_refuses(changes, exc, message, monkeypatch):
         paged.paged_attention(*args.values(), **kwargs)
 
 
-
 def _paged_cuda(**changes):
     """A valid mode='cuda' call (fp16, head dim 128, 16-token blocks) with ``changes``."""
     half = dict(q=torch.randn(2, 4, 128).half(), k_cache=torch.randn(8, 16, 2, 128).half(),
@@ -128,6 +127,7 @@ def test_cuda_mode_refuses(changes, exc, message, monkeypatch):
     args, kwargs = _paged_cuda(**changes)
     with pytest.raises(exc, match=message):
         paged.paged_attention(*args.values(), mode="cuda", **kwargs)
+
 
 CHECKED = [
     ("length past the table", [0, 49], None, "context_lens\\[1\\] = 49 is outside \\[0, 48\\]"),
