@@ -16,8 +16,8 @@ CUDA-graph capturable):
            m = -inf, l = 0 and vanish in the merge.
   auto     picks one of the three from the shape (``choose_mode``; rule from NOTES.md's sweep).
   cuda     the hand-written CUDA kernel of ``paged_cuda.py`` (head dim 128, 16-token blocks,
-           fp16/bf16, groups ≤ 16, sm_80+; nvcc on first use). ``auto`` takes it in place of
-           gqa where it applies (``auto_mode``).
+           fp16/bf16, groups ≤ 16, sm_80+; nvcc on first use). ``auto`` takes it, where it
+           applies, in place of gqa and of split_k on ≥ 200 MiB of K/V (``auto_mode``).
 
 Tokens are gathered per row through the block table (row t: block ``block_table[b, t //
 block_size]``, slot ``t % block_size``), so any block size 8–128 uses the same ``LaunchConfig.tile_n``-token
@@ -436,16 +436,26 @@ def choose_mode(batch, heads, kv_heads, max_tokens, sm_count) -> str:
 GQA_FROM_PER_SM = 4
 
 
+# split_k rows whose K/V reach this many bytes go to mode="cuda" instead (where it applies).
+# Measured on every split_k sweep shape with ctx >= 4k (notes/triton.md, Session 24, run 156):
+# from 268 MB up cuda ran at 0.961-1.001 × split_k; at 67-134 MB at 0.994-1.096 ×.
+CUDA_SPLIT_FROM_BYTES = 200 * 2**20
+
+
 def auto_mode(q, k_cache, v_cache, block_table, sm_count, config=None) -> str:
-    """``auto``'s pick: ``choose_mode``'s, with mode="cuda" in place of gqa where that kernel
-    applies (``paged_cuda.supports``). On every sweep shape the rule sends to gqa the CUDA
-    kernel ran at 0.960–1.015 × the best Triton mode (notes/triton.md, Session 23); on the
-    split_k rows it is slower than split_k, so those stay. A ``config`` is for the Triton
-    modes: with one, auto keeps to them."""
+    """``auto``'s pick: ``choose_mode``'s, with mode="cuda" where that kernel applies
+    (``paged_cuda.supports``) in place of gqa, and of split_k when the K/V the table can hold
+    reach ``CUDA_SPLIT_FROM_BYTES``. On the sweep shapes the rule sends to gqa the CUDA kernel
+    ran at 0.960–1.015 × the best Triton mode (notes/triton.md, Session 23); on the small split
+    rows split_k is faster (its short segments). A ``config`` is for the Triton modes: with
+    one, auto keeps to them."""
     batch, heads, _ = q.shape
-    mode = choose_mode(batch, heads, k_cache.shape[2], block_table.shape[1] * k_cache.shape[1],
-                       sm_count)
-    if mode == "gqa" and config is None and paged_cuda.supports(q, k_cache, v_cache):
+    _, block_size, kv_heads, head_dim = k_cache.shape
+    max_tokens = block_table.shape[1] * block_size
+    mode = choose_mode(batch, heads, kv_heads, max_tokens, sm_count)
+    kv_bytes = 2 * batch * kv_heads * max_tokens * head_dim * k_cache.element_size()
+    wants_cuda = mode == "gqa" or kv_bytes >= CUDA_SPLIT_FROM_BYTES
+    if wants_cuda and config is None and paged_cuda.supports(q, k_cache, v_cache):
         return "cuda"
     return mode
 

@@ -13,9 +13,10 @@ device's architecture on first use and cached under ``$WS_LAB_CACHE`` (default
 ``~/.cache/ws_lab``), keyed by the source's hash; the cubin is launched through the CUDA driver
 API (ctypes), on the current torch stream, so it is captured by CUDA graphs like any kernel.
 
-``paged.auto_mode`` picks it wherever the Triton rule would pick gqa and ``supports`` holds:
-on the 13 sweep shapes that go to gqa it was 0.960–1.015 × the best Triton mode
-(notes/triton.md, Session 23, run 153).
+``paged.auto_mode`` picks it where ``supports`` holds and the Triton rule would pick gqa (on
+the 13 sweep shapes that go to gqa it was 0.960–1.015 × the best Triton mode, notes/triton.md,
+Session 23, run 153) or split_k on ≥ 200 MiB of K/V (0.961–1.001 × split_k from 268 MB,
+Session 24, run 156).
 
 Plan (``plan``): one CTA per (sequence, KV head) when that fills the GPU (2 warps, 2 stages of
 2 blocks: 64 KB of shared memory); otherwise the context is split into segments, about one CTA
