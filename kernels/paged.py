@@ -17,7 +17,8 @@ CUDA-graph capturable):
   auto     picks one of the three from the shape (``choose_mode``; rule from NOTES.md's sweep).
   cuda     the hand-written CUDA kernel of ``paged_cuda.py`` (head dim 128, 16-token blocks,
            fp16/bf16, groups ≤ 16, sm_80+; nvcc on first use). ``auto`` takes it, where it
-           applies, in place of gqa and of split_k on ≥ 200 MiB of K/V (``auto_mode``).
+           applies, in place of gqa, and of split_k on ≥ 200 MiB of K/V or B·Hkv ≥ 3/4 of the SMs
+           (``auto_mode``).
 
 Tokens are gathered per row through the block table (row t: block ``block_table[b, t //
 block_size]``, slot ``t % block_size``), so any block size 8–128 uses the same ``LaunchConfig.tile_n``-token
@@ -436,25 +437,29 @@ def choose_mode(batch, heads, kv_heads, max_tokens, sm_count) -> str:
 GQA_FROM_PER_SM = 4
 
 
-# split_k rows whose K/V reach this many bytes go to mode="cuda" instead (where it applies).
-# Measured on every split_k sweep shape with ctx >= 4k (notes/triton.md, Session 24, run 156):
-# from 268 MB up cuda ran at 0.961-1.001 × split_k; at 67-134 MB at 0.994-1.096 ×.
+# Where choose_mode says split_k, mode="cuda" takes the row instead (where it applies) when its
+# K/V reach CUDA_SPLIT_FROM_BYTES or B·Hkv reaches CUDA_SPLIT_FROM_SM_SHARE of the SMs. Measured
+# on the 82-shape sweep's split_k rows (notes/triton.md, Session 24, runs 156 and 158): from
+# 268 MB up cuda ran at 0.961–1.001 × split_k, and at B·Hkv 128 / 512 at 0.87–0.98 ×; at
+# B·Hkv ≤ 64 with 2–134 MB it ran at 0.995–1.63 ×.
 CUDA_SPLIT_FROM_BYTES = 200 * 2**20
+CUDA_SPLIT_FROM_SM_SHARE = 0.75
 
 
 def auto_mode(q, k_cache, v_cache, block_table, sm_count, config=None) -> str:
     """``auto``'s pick: ``choose_mode``'s, with mode="cuda" where that kernel applies
-    (``paged_cuda.supports``) in place of gqa, and of split_k when the K/V the table can hold
-    reach ``CUDA_SPLIT_FROM_BYTES``. On the sweep shapes the rule sends to gqa the CUDA kernel
-    ran at 0.960–1.015 × the best Triton mode (notes/triton.md, Session 23); on the small split
-    rows split_k is faster (its short segments). A ``config`` is for the Triton modes: with
-    one, auto keeps to them."""
+    (``paged_cuda.supports``) in place of gqa, and of split_k on big caches or about one KV
+    head an SM (see ``CUDA_SPLIT_FROM_BYTES``). On the sweep shapes the rule sends to gqa the
+    CUDA kernel ran at 0.960–1.015 × the best Triton mode (notes/triton.md, Session 23); on
+    the small split rows split_k's short segments win. A ``config`` is for the Triton modes:
+    with one, auto keeps to them."""
     batch, heads, _ = q.shape
     _, block_size, kv_heads, head_dim = k_cache.shape
     max_tokens = block_table.shape[1] * block_size
     mode = choose_mode(batch, heads, kv_heads, max_tokens, sm_count)
     kv_bytes = 2 * batch * kv_heads * max_tokens * head_dim * k_cache.element_size()
-    wants_cuda = mode == "gqa" or kv_bytes >= CUDA_SPLIT_FROM_BYTES
+    wants_cuda = (mode == "gqa" or kv_bytes >= CUDA_SPLIT_FROM_BYTES
+                  or batch * kv_heads >= CUDA_SPLIT_FROM_SM_SHARE * sm_count)
     if wants_cuda and config is None and paged_cuda.supports(q, k_cache, v_cache):
         return "cuda"
     return mode

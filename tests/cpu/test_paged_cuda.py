@@ -76,7 +76,8 @@ def test_shared_memory_fits_the_sm():
 
 def test_auto_takes_cuda_in_place_of_gqa_and_of_split_k_on_big_caches(monkeypatch):
     """auto_mode asks paged_cuda.supports where the Triton rule picks gqa, or split_k on at
-    least CUDA_SPLIT_FROM_BYTES of K/V; the small split rows stay on split_k."""
+    least CUDA_SPLIT_FROM_BYTES of K/V or about a KV head an SM; the small split rows stay on
+    split_k."""
     import torch
 
     from ws_lab.kernels import paged
@@ -89,10 +90,12 @@ def test_auto_takes_cuda_in_place_of_gqa_and_of_split_k_on_big_caches(monkeypatc
 
     gqa_shape = inputs(8, 32, 32, 128)
     long_split, short_split = inputs(4, 32, 8, 2048), inputs(8, 32, 8, 128)  # 537 / 67 MB
+    wide_split = inputs(16, 32, 8, 32)  # B·Hkv 128 of 132 SMs, 34 MB
     assert paged.auto_mode(*gqa_shape, 132) == "gqa"  # CPU tensors: the kernel does not apply
     assert paged.auto_mode(*long_split, 132) == "split_k"
     monkeypatch.setattr(pc, "supports", lambda *a: True)
     assert paged.auto_mode(*gqa_shape, 132) == "cuda"
     assert paged.auto_mode(*long_split, 132) == "cuda"
     assert paged.auto_mode(*short_split, 132) == "split_k"
+    assert paged.auto_mode(*wide_split, 132) == "cuda"
     assert paged.auto_mode(*long_split, 132, config=paged.DEFAULTS["split_k"]) == "split_k"
