@@ -15,8 +15,8 @@ API (ctypes), on the current torch stream, so it is captured by CUDA graphs like
 
 ``paged.auto_mode`` picks it where ``supports`` holds and the Triton rule would pick gqa (on
 the 13 sweep shapes that go to gqa it was 0.960–1.015 × the best Triton mode, notes/triton.md,
-Session 23, run 153) or split_k on ≥ 200 MiB of K/V or B·Hkv ≥ 3/4 of the SMs (0.87–1.001 × split_k there,
-Session 24, runs 156 and 158).
+Session 23, run 153), or split_k on ≥ 200 MiB of K/V or B·Hkv ≥ 3/4 of the SMs (0.87–1.001 ×
+split_k there, Session 24, runs 156 and 158).
 
 Plan (``plan``): one CTA per (sequence, KV head) when that fills the GPU (2 warps, 2 stages of
 2 blocks: 64 KB of shared memory); otherwise the context is split into segments, about one CTA

@@ -74,7 +74,7 @@ def test_shared_memory_fits_the_sm():
     assert 3 * pc.WHOLE.smem_bytes() <= 228 * 1024  # the docstring's three CTAs an SM
 
 
-def test_auto_takes_cuda_in_place_of_gqa_and_of_split_k_on_big_caches(monkeypatch):
+def test_auto_takes_cuda_in_place_of_gqa_and_of_split_k_on_big_or_wide_rows(monkeypatch):
     """auto_mode asks paged_cuda.supports where the Triton rule picks gqa, or split_k on at
     least CUDA_SPLIT_FROM_BYTES of K/V or about a KV head an SM; the small split rows stay on
     split_k."""
