@@ -256,47 +256,92 @@ __device__ __forceinline__ void decode(const Params<T>& a) {
     l_hi += __shfl_xor_sync(0xffffffffu, l_hi, x);
   }
 
-  // The warps' states meet in shared memory: m and l (16 rows each), O (16 × 128 fp32).
+  // The warps meet in shared memory (the rings are free by then): warps 1.. leave m, l and their
+  // O fragments there, warp 0 merges them into its own fragments and writes its rows. Merging in
+  // the mma layout keeps the work per thread the same for every group size; a pass over
+  // (row, dim) in shared memory cost group-4 rows 2 % of the kernel (notes/triton.md, Session 25).
   cp_wait<0>();
   __syncthreads();
-  float* ms = reinterpret_cast<float*>(smem);
-  float* ls = ms + NW * 16;
-  float* os = ls + NW * 16;
-  if (t == 0) {
-    ms[warp * 16 + g] = m_lo; ms[warp * 16 + g + 8] = m_hi;
-    ls[warp * 16 + g] = l_lo; ls[warp * 16 + g + 8] = l_hi;
+  float* ms = reinterpret_cast<float*>(smem);                // [NW][16]
+  float* ls = ms + NW * 16;                                  // [NW][16]
+  float4* os = reinterpret_cast<float4*>(ls + NW * 16);      // [NW − 1][16 n][32 lanes]
+  if (warp > 0) {
+    if (t == 0) {
+      ms[warp * 16 + g] = m_lo; ms[warp * 16 + g + 8] = m_hi;
+      ls[warp * 16 + g] = l_lo; ls[warp * 16 + g + 8] = l_hi;
+    }
+#pragma unroll
+    for (int n = 0; n < 16; ++n)
+      os[((warp - 1) * 16 + n) * 32 + lane] = make_float4(o[n][0], o[n][1], o[n][2], o[n][3]);
+  }
+  __syncthreads();
+  if (warp > 0) return;
+
+  float top_lo = m_lo, top_hi = m_hi;
+#pragma unroll
+  for (int w = 1; w < NW; ++w) {
+    top_lo = fmaxf(top_lo, ms[w * 16 + g]);
+    top_hi = fmaxf(top_hi, ms[w * 16 + g + 8]);
+  }
+  // Warp w's weight in a row: exp2(m_w − m); 0 when no warp saw a token (an empty segment).
+  auto weight = [](float m_w, float m) { return m == -INFINITY ? 0.f : exp2f(m_w - m); };
+  float w_lo[NW], w_hi[NW];
+  w_lo[0] = weight(m_lo, top_lo);
+  w_hi[0] = weight(m_hi, top_hi);
+  float sum_lo = l_lo * w_lo[0], sum_hi = l_hi * w_hi[0];
+#pragma unroll
+  for (int w = 1; w < NW; ++w) {
+    w_lo[w] = weight(ms[w * 16 + g], top_lo);
+    w_hi[w] = weight(ms[w * 16 + g + 8], top_hi);
+    sum_lo += ls[w * 16 + g] * w_lo[w];
+    sum_hi += ls[w * 16 + g + 8] * w_hi[w];
+  }
+  const float inv_lo = sum_lo > 0.f ? 1.f / sum_lo : 0.f;
+  const float inv_hi = sum_hi > 0.f ? 1.f / sum_hi : 0.f;
+#pragma unroll
+  for (int w = 0; w < NW; ++w) {
+    w_lo[w] *= inv_lo;
+    w_hi[w] *= inv_hi;
   }
 #pragma unroll
   for (int n = 0; n < 16; ++n) {
-    float* lo = os + (warp * 16 + g) * D + n * 8 + 2 * t;
-    *reinterpret_cast<float2*>(lo) = make_float2(o[n][0], o[n][1]);
-    *reinterpret_cast<float2*>(lo + 8 * D) = make_float2(o[n][2], o[n][3]);
-  }
-  __syncthreads();
-  const int heads = kv_heads * a.group;
-  for (int idx = threadIdx.x; idx < a.group * D; idx += NW * 32) {
-    const int row = idx / D, d = idx % D, h = kvh * a.group + row;
-    float m = -INFINITY;
+    o[n][0] *= w_lo[0]; o[n][1] *= w_lo[0]; o[n][2] *= w_hi[0]; o[n][3] *= w_hi[0];
 #pragma unroll
-    for (int w = 0; w < NW; ++w) m = fmaxf(m, ms[w * 16 + row]);
-    float l = 0.f, acc = 0.f;
-    if (m != -INFINITY) {  // else no warp saw a token: an empty context or segment
-#pragma unroll
-      for (int w = 0; w < NW; ++w) {
-        const float f = exp2f(ms[w * 16 + row] - m);
-        l += ls[w * 16 + row] * f;
-        acc += os[(w * 16 + row) * D + d] * f;
-      }
+    for (int w = 1; w < NW; ++w) {
+      const float4 x = os[((w - 1) * 16 + n) * 32 + lane];
+      o[n][0] += x.x * w_lo[w]; o[n][1] += x.y * w_lo[w];
+      o[n][2] += x.z * w_hi[w]; o[n][3] += x.w * w_hi[w];
     }
-    const float value = l > 0.f ? acc / l : 0.f;
+  }
+
+  const int heads = kv_heads * a.group;
+  const bool pairs = ((reinterpret_cast<uintptr_t>(a.out) | a.stride_ob | a.stride_oh) & 1) == 0;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {  // rows g and g + 8 of the tile
+    const int row = g + 8 * half;
+    if (row >= a.group) continue;
+    const int h = kvh * a.group + row;
     if (n_seg == 1) {
-      a.out[b * a.stride_ob + h * a.stride_oh + d] = Elem<T>::from_float(value);
+      T* dst = a.out + b * a.stride_ob + h * a.stride_oh + 2 * t;
+#pragma unroll
+      for (int n = 0; n < 16; ++n) {
+        const float v0 = o[n][2 * half], v1 = o[n][2 * half + 1];
+        if (pairs) {
+          *reinterpret_cast<uint32_t*>(dst + 8 * n) = Elem<T>::pack(v0, v1);
+        } else {
+          dst[8 * n] = Elem<T>::from_float(v0);
+          dst[8 * n + 1] = Elem<T>::from_float(v1);
+        }
+      }
     } else {
       const long long p = ((long long)b * heads + h) * n_seg + seg;
-      a.o_part[p * D + d] = value;
-      if (d == 0) {
-        a.m_part[p] = m;
-        a.l_part[p] = l;
+      float* dst = a.o_part + p * D + 2 * t;
+#pragma unroll
+      for (int n = 0; n < 16; ++n)
+        *reinterpret_cast<float2*>(dst + 8 * n) = make_float2(o[n][2 * half], o[n][2 * half + 1]);
+      if (t == 0) {
+        a.m_part[p] = half ? top_hi : top_lo;
+        a.l_part[p] = half ? sum_hi : sum_lo;
       }
     }
   }

@@ -52,7 +52,8 @@ class CudaConfig:
 
     def smem_bytes(self) -> int:
         ring = self.num_warps * self.stages * self.blocks_per_step * 2 * BLOCK_SIZE * HEAD_DIM * 2
-        merge = self.num_warps * (2 * 16 + 16 * HEAD_DIM) * 4  # the warps' m, l, O
+        # the warps' m and l (16 rows each), and the O fragments of every warp but the first
+        merge = self.num_warps * 2 * 16 * 4 + (self.num_warps - 1) * 16 * HEAD_DIM * 4
         return max(ring, merge)
 
     def kernel_name(self, dtype) -> str:
