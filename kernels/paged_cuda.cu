@@ -25,70 +25,14 @@
 // Shared memory: NW · STAGES · BPS · 8 KB (2,2,2: 64 KB, three CTAs an SM; 4,2,2: 128 KB).
 // Registers: 246 a thread on sm_90, 223 on sm_80, no spills (O: 64 fp32, Q fragments: 32;
 // tests/cpu/test_paged_cuda.py pins the spills and the SASS counts).
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <stdint.h>
+#include "cuda_common.cuh"
 
 namespace {
+using namespace ws_lab;
 constexpr int D = 128;
 constexpr int BS = 16;
 constexpr int ROW_BYTES = D * 2;
 constexpr int BLK_BYTES = BS * ROW_BYTES;  // one block's K (or V) rows for one KV head: 4 KB
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-// Byte offset of 16-byte chunk `chunk` of row `row`: 8 rows at one chunk land in 8 bank groups.
-__device__ __forceinline__ int swizzle(int row, int chunk) {
-  return row * ROW_BYTES + ((chunk ^ (row & 7)) << 4);
-}
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-
-template <typename T> struct Elem;
-template <> struct Elem<__half> {
-  __device__ static void mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-  __device__ static uint32_t pack(float lo, float hi) {
-    __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&h);
-  }
-  __device__ static __half from_float(float x) { return __float2half_rn(x); }
-};
-template <> struct Elem<__nv_bfloat16> {
-  __device__ static void mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-  __device__ static uint32_t pack(float lo, float hi) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&h);
-  }
-  __device__ static __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
-};
 
 // The launch arguments, one struct (paged_cuda.py's ctypes mirror has the same field order).
 template <typename T> struct Params {
@@ -145,9 +89,9 @@ __device__ __forceinline__ void decode(const Params<T>& a) {
         for (int i = 0; i < 8; ++i) {  // 16 rows × 16 chunks of 16 B over 32 lanes
           const int idx = lane + 32 * i, row = idx >> 4, chunk = idx & 15;
           const bool in_context = blk * BS + row < limit;
-          cp_async16(k_dst + swizzle(row, chunk), k_rows + row * a.stride_ks + chunk * 8,
+          cp_async16(k_dst + swizzle<ROW_BYTES>(row, chunk), k_rows + row * a.stride_ks + chunk * 8,
                      in_context);
-          cp_async16(v_dst + swizzle(row, chunk), v_rows + row * a.stride_vs + chunk * 8,
+          cp_async16(v_dst + swizzle<ROW_BYTES>(row, chunk), v_rows + row * a.stride_vs + chunk * 8,
                      in_context);
         }
       }
@@ -193,7 +137,7 @@ __device__ __forceinline__ void decode(const Params<T>& a) {
 #pragma unroll
       for (int ks = 0; ks < 8; ++ks) {
         uint32_t kb[4];  // tokens 0-7 / 8-15 of the block, head dims 16ks..16ks+15
-        ldsm_x4(k_tile + swizzle(mrow + (mat >> 1) * 8, 2 * ks + (mat & 1)), kb);
+        ldsm_x4(k_tile + swizzle<ROW_BYTES>(mrow + (mat >> 1) * 8, 2 * ks + (mat & 1)), kb);
         Elem<T>::mma(s[2 * j], qa[ks], kb[0], kb[1]);
         Elem<T>::mma(s[2 * j + 1], qa[ks], kb[2], kb[3]);
       }
@@ -244,7 +188,7 @@ __device__ __forceinline__ void decode(const Params<T>& a) {
 #pragma unroll
       for (int dp = 0; dp < 8; ++dp) {
         uint32_t vb[4];  // tokens 0-7 / 8-15, head dims 16dp..16dp+7 / 16dp+8..16dp+15
-        ldsm_x4_trans(v_tile + swizzle(mrow + (mat & 1) * 8, 2 * dp + (mat >> 1)), vb);
+        ldsm_x4_trans(v_tile + swizzle<ROW_BYTES>(mrow + (mat & 1) * 8, 2 * dp + (mat >> 1)), vb);
         Elem<T>::mma(o[2 * dp], pa[j], vb[0], vb[1]);
         Elem<T>::mma(o[2 * dp + 1], pa[j], vb[2], vb[3]);
       }

@@ -23,20 +23,17 @@ Plan (``plan``): one CTA per (sequence, KV head) when that fills the GPU (2 warp
 an SM (4 warps, 128 KB), and ``paged_merge`` combines them.
 """
 import ctypes
-import functools
-import hashlib
 import math
-import os
-import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from ws_lab.kernels import LOG2E
+from ws_lab.kernels.cubin import CudaSource
 
 SOURCE = Path(__file__).with_suffix(".cu")
+_SOURCE = CudaSource(SOURCE)
 HEAD_DIM = 128
 BLOCK_SIZE = 16
 MAX_GROUP = 16  # the query group is the 16 rows of one mma tile
@@ -122,13 +119,7 @@ def supports(q, k_cache, v_cache) -> bool:
         validate(q, k_cache, v_cache)
     except (TypeError, ValueError):
         return False
-    return _buildable(torch.cuda.get_device_capability(q.device))
-
-
-@functools.cache
-def _buildable(capability) -> bool:
-    """Asked once per architecture: auto calls ``supports`` on every gqa-shaped call."""
-    return shutil.which("nvcc") is not None or _cached_cubin(capability).exists()
+    return _SOURCE.buildable(torch.cuda.get_device_capability(q.device))
 
 
 def paged_attention(q, k_cache, v_cache, block_table, context_lens, out, scale) -> torch.Tensor:
@@ -152,7 +143,7 @@ def paged_attention(q, k_cache, v_cache, block_table, context_lens, out, scale) 
                      q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
                      block_table.stride(0), out.stride(0), out.stride(1))
     index = torch.cuda.current_device() if q.device.index is None else q.device.index
-    module = _module(index)
+    module = _SOURCE.module(index)
     with torch.cuda.device(index):
         stream = torch.cuda.current_stream(q.device).cuda_stream
         module.launch(cfg.kernel_name(q.dtype), (n_seg, kv_heads, batch), cfg.num_warps * 32,
@@ -179,116 +170,9 @@ class _Params(ctypes.Structure):
                     "stride_vs", "stride_vh", "stride_bt", "stride_ob", "stride_oh")])
 
 
-def arch_flag(capability) -> str:
-    major, minor = capability
-    return f"-arch=sm_{major}{minor}"
-
-
-def _cached_cubin(capability, cache_dir=None) -> Path:
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
-    cache = Path(cache_dir or os.environ.get("WS_LAB_CACHE", Path.home() / ".cache" / "ws_lab"))
-    return cache / "paged_cuda" / f"{digest}_sm{capability[0]}{capability[1]}.cubin"
-
-
-def _nvcc(capability, cubin: Path, *options) -> str:
-    """Builds ``paged_cuda.cu`` into ``cubin`` for ``capability``; returns nvcc's stderr
-    (ptxas's report with ``-Xptxas -v``). RuntimeError if nvcc is missing or fails."""
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        raise RuntimeError("mode='cuda' compiles paged_cuda.cu on first use and needs nvcc on "
-                           "PATH (the CUDA toolkit)")
-    proc = subprocess.run([nvcc, "-cubin", arch_flag(capability), "-O3", *options, "-o",
-                           str(cubin), str(SOURCE)], capture_output=True, text=True)
-    if proc.returncode:
-        raise RuntimeError(f"nvcc failed on {SOURCE.name}:\n{proc.stderr[-2000:]}")
-    return proc.stderr
-
-
-def compile_cubin(capability, cache_dir=None) -> Path:
-    """The cubin of ``paged_cuda.cu`` for a compute capability, built by nvcc once per source
-    hash and architecture. RuntimeError if nvcc is missing or fails."""
-    target = _cached_cubin(capability, cache_dir)
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_suffix(f".{os.getpid()}.tmp")
-        _nvcc(capability, tmp)
-        tmp.replace(target)  # atomic: concurrent first calls each write their own tmp
-    return target
-
-
-class _Module:
-    """A cubin loaded into one device's primary context, its functions looked up once."""
-
-    def __init__(self, cubin: bytes):
-        self._driver = _driver()
-        self._handle = ctypes.c_void_p()
-        _check(self._driver.cuModuleLoadData(ctypes.byref(self._handle), cubin),
-               "cuModuleLoadData")
-        self._functions = {}
-
-    def launch(self, name, grid, threads, smem, stream, args):
-        fn = self._functions.get(name)
-        if fn is None:
-            fn = ctypes.c_void_p()
-            _check(self._driver.cuModuleGetFunction(ctypes.byref(fn), self._handle,
-                                                    name.encode()), name)
-            _check(self._driver.cuFuncSetAttribute(fn, _MAX_DYNAMIC_SHARED, smem),
-                   f"{name}: {smem} bytes of shared memory")
-            self._functions[name] = fn
-        pointers = (ctypes.c_void_p * len(args))(
-            *[ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in args])
-        _check(self._driver.cuLaunchKernel(fn, *grid, threads, 1, 1, smem,
-                                           ctypes.c_void_p(stream), pointers, None), name)
-
-
-_MAX_DYNAMIC_SHARED = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-
-
-@functools.cache
-def _driver():
-    return ctypes.CDLL("libcuda.so.1")
-
-
-@functools.cache
-def _module(index: int) -> _Module:
-    capability = torch.cuda.get_device_capability(index)
-    cubin = compile_cubin(capability).read_bytes()
-    with torch.cuda.device(index):
-        torch.empty(0, device=f"cuda:{index}")  # creates the primary context and makes it current
-        return _Module(cubin)
-
-
-def _check(result, what):
-    if result:
-        raise RuntimeError(f"CUDA driver error {result} in {what}")
-
-
 def static_report(capability=(9, 0)) -> list[dict]:
     """No GPU needed (nvcc, cuobjdump): per exported kernel of ``paged_cuda.cu`` for
     ``capability``, ptxas's registers and spill bytes and the SASS counts of the instructions
     the design rests on: HMMA (mma.sync), LDSM (ldmatrix), LDGSTS (cp.async), BAR (CTA
     barriers: only the warps' merge after the main loop)."""
-    import re
-    import tempfile
-    from collections import Counter
-
-    from ws_lab import sass
-
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = Path(tmp) / "paged_cuda.cubin"
-        ptxas_report = _nvcc(capability, cubin, "-Xptxas", "-v")
-        listing = sass.dump_sass(cubin)
-    usage = {m.group(1): m.group(2) for m in re.finditer(
-        r"Compiling entry function '(\w+)'.*?\n(.*?Used \d+ registers[^\n]*)", ptxas_report,
-        re.S)}
-    reports = []
-    for name, body in re.findall(r"Function : (\w+)\n(.*?)(?=\n\s*Function : |\Z)", listing,
-                                 re.S):
-        summary = sass.parse_ptxas(usage.get(name, ""), sass.SassSummary())
-        opcodes = Counter(i.split()[1] if i.startswith("@") else i.split()[0]
-                          for i in sass.sass_instructions(body) if i.split())
-        counts = {key: sum(n for op, n in opcodes.items() if op == key or op.startswith(key + "."))
-                  for key in ("HMMA", "LDSM", "LDGSTS", "BAR")}
-        reports.append(dict(kernel=name, registers=summary.registers,
-                            spill_bytes=summary.spill_bytes, **counts))
-    return sorted(reports, key=lambda r: r["kernel"])
+    return _SOURCE.static_report(capability, ("HMMA", "LDSM", "LDGSTS", "BAR"))

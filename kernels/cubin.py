@@ -1,0 +1,162 @@
+"""The lab's hand-written CUDA kernels (``*.cu`` beside this file): built by ``nvcc`` for the
+device's architecture on first use, cached under ``$WS_LAB_CACHE`` (default ``~/.cache/ws_lab``)
+keyed by the source's hash, loaded through the CUDA driver API (ctypes) into the device's
+primary context, and launched on the current torch stream, so CUDA graphs capture them like any
+kernel. ``launch(..., pdl=True)`` launches with programmatic dependent launch (sm_90+): the grid
+may start while the one before it drains, and the kernel's ``griddepcontrol.wait`` holds it until
+its inputs are written (as the Triton kernels' ``launch_pdl``)."""
+import ctypes
+import functools
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+_MAX_DYNAMIC_SHARED = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+
+
+def arch_flag(capability) -> str:
+    major, minor = capability
+    return f"-arch=sm_{major}{minor}"
+
+
+class CudaSource:
+    """One ``.cu`` file: its cubin per architecture, and its kernels on each device."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    def local_headers(self) -> list[Path]:
+        """The ``#include "..."`` files beside the source (cuda_common.cuh)."""
+        return [self.path.parent / name for name in
+                re.findall(r'^#include "([^"]+)"', self.path.read_text(), re.M)]
+
+    def cached_cubin(self, capability, cache_dir=None) -> Path:
+        """Keyed by the source and its local headers: editing either rebuilds."""
+        digest = hashlib.sha256(b"".join(
+            p.read_bytes() for p in [self.path, *self.local_headers()])).hexdigest()[:16]
+        cache = Path(cache_dir or os.environ.get("WS_LAB_CACHE",
+                                                 Path.home() / ".cache" / "ws_lab"))
+        return cache / self.path.stem / f"{digest}_sm{capability[0]}{capability[1]}.cubin"
+
+    def nvcc(self, capability, cubin: Path, *options) -> str:
+        """Builds the source into ``cubin``; returns nvcc's stderr (ptxas's report with
+        ``-Xptxas -v``). RuntimeError if nvcc is missing or fails."""
+        nvcc = shutil.which("nvcc")
+        if nvcc is None:
+            raise RuntimeError(f"{self.path.name} is compiled on first use and needs nvcc on "
+                               "PATH (the CUDA toolkit)")
+        proc = subprocess.run([nvcc, "-cubin", arch_flag(capability), "-O3", *options, "-o",
+                               str(cubin), str(self.path)], capture_output=True, text=True)
+        if proc.returncode:
+            raise RuntimeError(f"nvcc failed on {self.path.name}:\n{proc.stderr[-2000:]}")
+        return proc.stderr
+
+    def compile(self, capability, cache_dir=None) -> Path:
+        """The cubin for a compute capability, built once per source hash and architecture."""
+        target = self.cached_cubin(capability, cache_dir)
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_suffix(f".{os.getpid()}.tmp")
+            self.nvcc(capability, tmp)
+            tmp.replace(target)  # atomic: concurrent first calls each write their own tmp
+        return target
+
+    @functools.cache
+    def buildable(self, capability) -> bool:
+        """nvcc on PATH, or the cubin already cached (asked on every dispatching call)."""
+        return shutil.which("nvcc") is not None or self.cached_cubin(capability).exists()
+
+    @functools.cache
+    def module(self, index: int) -> "Module":
+        capability = torch.cuda.get_device_capability(index)
+        cubin = self.compile(capability).read_bytes()
+        with torch.cuda.device(index):
+            torch.empty(0, device=f"cuda:{index}")  # creates the primary context, makes it current
+            return Module(cubin)
+
+    def static_report(self, capability, keys) -> list[dict]:
+        """No GPU needed (nvcc, cuobjdump): per exported kernel, ptxas's registers and spill
+        bytes and the SASS count of each opcode in ``keys`` (an opcode and its variants)."""
+        from ws_lab import sass
+
+        with tempfile.TemporaryDirectory() as tmp:
+            cubin = Path(tmp) / f"{self.path.stem}.cubin"
+            ptxas_report = self.nvcc(capability, cubin, "-Xptxas", "-v")
+            listing = sass.dump_sass(cubin)
+        usage = {m.group(1): m.group(2) for m in re.finditer(
+            r"Compiling entry function '(\w+)'.*?\n(.*?Used \d+ registers[^\n]*)", ptxas_report,
+            re.S)}
+        reports = []
+        for name, body in re.findall(r"Function : (\w+)\n(.*?)(?=\n\s*Function : |\Z)", listing,
+                                     re.S):
+            summary = sass.parse_ptxas(usage.get(name, ""), sass.SassSummary())
+            opcodes = Counter(i.split()[1] if i.startswith("@") else i.split()[0]
+                              for i in sass.sass_instructions(body) if i.split())
+            counts = {key: sum(n for op, n in opcodes.items()
+                               if op == key or op.startswith(key + ".")) for key in keys}
+            reports.append(dict(kernel=name, registers=summary.registers,
+                                spill_bytes=summary.spill_bytes, **counts))
+        return sorted(reports, key=lambda r: r["kernel"])
+
+
+class _LaunchAttribute(ctypes.Structure):
+    """CUlaunchAttribute: an id, padding, a 64-byte value union."""
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_char * 64)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    """CUlaunchConfig."""
+    _fields_ = [("grid_x", ctypes.c_uint), ("grid_y", ctypes.c_uint), ("grid_z", ctypes.c_uint),
+                ("block_x", ctypes.c_uint), ("block_y", ctypes.c_uint),
+                ("block_z", ctypes.c_uint), ("shared_bytes", ctypes.c_uint),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttribute)),
+                ("num_attrs", ctypes.c_uint)]
+
+
+class Module:
+    """A cubin loaded into one device's primary context, its functions looked up once."""
+
+    def __init__(self, cubin: bytes):
+        self._driver = _driver()
+        self._handle = ctypes.c_void_p()
+        _check(self._driver.cuModuleLoadData(ctypes.byref(self._handle), cubin),
+               "cuModuleLoadData")
+        self._functions = {}
+
+    def launch(self, name, grid, threads, smem, stream, args, pdl=False):
+        fn = self._functions.get(name)
+        if fn is None:
+            fn = ctypes.c_void_p()
+            _check(self._driver.cuModuleGetFunction(ctypes.byref(fn), self._handle,
+                                                    name.encode()), name)
+            _check(self._driver.cuFuncSetAttribute(fn, _MAX_DYNAMIC_SHARED, smem),
+                   f"{name}: {smem} bytes of shared memory")
+            self._functions[name] = fn
+        pointers = (ctypes.c_void_p * len(args))(
+            *[ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in args])
+        if not pdl:
+            _check(self._driver.cuLaunchKernel(fn, *grid, threads, 1, 1, smem,
+                                               ctypes.c_void_p(stream), pointers, None), name)
+            return
+        attr = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION,
+                                value=(1).to_bytes(4, "little"))
+        config = _LaunchConfig(*grid, threads, 1, 1, smem, stream, ctypes.pointer(attr), 1)
+        _check(self._driver.cuLaunchKernelEx(ctypes.byref(config), fn, pointers, None), name)
+
+
+@functools.cache
+def _driver():
+    return ctypes.CDLL("libcuda.so.1")
+
+
+def _check(result, what):
+    if result:
+        raise RuntimeError(f"CUDA driver error {result} in {what}")

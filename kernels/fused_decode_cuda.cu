@@ -1,0 +1,306 @@
+// Fused decode attention in CUDA C++ on static caches (B, Hkv, Lmax, D): RoPE on q and the new k,
+// the cache write at each sequence's position, and attention over [0, position], one launch.
+// Built and launched by fused_decode_cuda.py; kernels/fused_decode.py's ``_launch`` dispatches
+// here where ``fused_decode_cuda.applies`` holds (the rollout's Qwen2.5-0.5B shape among them).
+//
+// Counterpart: the Triton kernel it replaces there (kernels/fused_decode.py), with the warp
+// structure of this lab's paged_cuda.cu (FlashAttention-2's split-KV decode, FlashInfer's GQA
+// tile: a KV head's query group as the 16 rows of one mma tile).
+//
+// Grid (KV head, sequence), NW warps a CTA, no segments: B·Hkv fills the GPU where it applies.
+//   - Prologue (all warps): griddepcontrol.wait (PDL: the grid launched while q|k|v's GEMM
+//     drained), the position, the first STAGES − 1 ring loads; then q's rows rotated into shared
+//     memory (rotate-half in fp32, rounded to T, rows past the group zero), the rotated k and v
+//     written to the cache at the position. One CTA barrier.
+//   - Main loop: each warp owns a cp.async ring of STAGES slots; a slot holds CPS 16-token
+//     chunks of K and of V (contiguous rows). The warps walk the context's chunks round-robin,
+//     each with its own online-softmax state: no CTA barrier. Rows at and past the position are
+//     zero-filled by cp.async (nothing read) and masked; no program reads the slot it writes.
+//     Warp 0 opens its state with the new token from registers (m = its score, l = 1, O = v).
+//   - QK^T and PV: mma.sync m16n8k16, P kept in registers as PV's A operand; K/V chunks
+//     XOR-swizzled per 16-byte piece so ldmatrix (K) and ldmatrix.trans (V) are conflict-free.
+//   - Dependents launch after the main loop; the warps then merge in the mma fragment layout
+//     (warps 1.. leave m, l, O in shared memory, warp 0 combines and writes its group's rows).
+// Shared memory (D 64, 8 warps, 3 slots of 1 chunk): 2 KB q + 0.5 KB new k/v + 96 KB ring.
+// Registers: 98 a thread on sm_90, no spills (tests/cpu/test_fused_decode_cuda.py pins them).
+#include "cuda_common.cuh"
+
+namespace {
+using namespace ws_lab;
+constexpr int CHUNK = 16;  // cache tokens per chunk: the n of two m16n8k16 tiles
+
+template <typename T> struct Params {
+  const T* q; const T* k_new; const T* v_new; T* k_cache; T* v_cache; const T* cos;
+  const T* sin; const int* positions; T* out;
+  float scale_log2; int group; int capacity;
+  long long stride_qb, stride_knb, stride_vnb;
+};
+
+template <typename T, int D, int NW, int STAGES, int CPS>
+__device__ __forceinline__ void fused(const Params<T>& a) {
+  constexpr int ROW_BYTES = D * 2, CHUNK_BYTES = CHUNK * ROW_BYTES;
+  constexpr int SLOT = CPS * 2 * CHUNK_BYTES;  // one step: CPS chunks of K, then of V
+  constexpr int CH16 = D / 8;                  // 16-byte pieces of a row
+  constexpr int KS = D / 16, NT = D / 8, HALF = D / 2;
+  constexpr int Q_BYTES = 16 * ROW_BYTES;
+  extern __shared__ __align__(128) uint8_t smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int kvh = blockIdx.x, b = blockIdx.y, kv_heads = gridDim.x;
+  const int g = lane >> 2, t = lane & 3;
+  const long long rows0 = ((long long)b * kv_heads + kvh) * a.capacity * D;
+  T* k_rows = a.k_cache + rows0;
+  T* v_rows = a.v_cache + rows0;
+
+  uint8_t* qs = smem;
+  float* k_new_s = reinterpret_cast<float*>(smem + Q_BYTES);  // [D] as rounded to T
+  float* v_new_s = k_new_s + D;
+  uint8_t* ring = smem + Q_BYTES + 2 * D * 4 + warp * STAGES * SLOT;
+#if __CUDA_ARCH__ >= 900
+  // Nothing before the wait: an L2 prefetch of the context there cost the rollout's step 11 µs,
+  // and these loads issued early (the position read before its writer is known to be done)
+  // gained 2 µs, inside the rounds' spread (notes/rollout.md, Session 25).
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+  const int pos = min(max(a.positions[b], 0), a.capacity - 1);
+  const int n_steps = (pos + CPS * CHUNK - 1) / (CPS * CHUNK);
+  const int my_steps = n_steps > warp ? (n_steps - warp + NW - 1) / NW : 0;
+  auto issue = [&](int step) {
+    if (step < my_steps) {
+      uint8_t* slot = ring + (step % STAGES) * SLOT;
+#pragma unroll
+      for (int j = 0; j < CPS; ++j) {
+        const int tok0 = ((warp + NW * step) * CPS + j) * CHUNK;
+        const uint32_t k_dst = smem_u32(slot + j * CHUNK_BYTES);
+        const uint32_t v_dst = smem_u32(slot + (CPS + j) * CHUNK_BYTES);
+#pragma unroll
+        for (int i = 0; i < CHUNK * CH16 / 32; ++i) {
+          const int idx = lane + 32 * i, row = idx / CH16, piece = idx % CH16;
+          const bool valid = tok0 + row < pos;
+          const long long off = valid ? (long long)(tok0 + row) * D + piece * 8 : 0;
+          cp_async16(k_dst + swizzle<ROW_BYTES>(row, piece), k_rows + off, valid);
+          cp_async16(v_dst + swizzle<ROW_BYTES>(row, piece), v_rows + off, valid);
+        }
+      }
+    }
+    cp_commit();
+  };
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) issue(s);
+
+  // RoPE (rotate-half, fp32, then T) of the group's q rows into shared memory, swizzled as K;
+  // rows past the group are zero. The new k (rotated) and v go to the cache at the position.
+  const T* cos_row = a.cos + (long long)pos * D;
+  const T* sin_row = a.sin + (long long)pos * D;
+  for (int idx = threadIdx.x; idx < 16 * D; idx += NW * 32) {
+    const int row = idx / D, d = idx % D;
+    float value = 0.f;
+    if (row < a.group) {
+      const T* x = a.q + b * a.stride_qb + (long long)(kvh * a.group + row) * D;
+      const float partner = Elem<T>::to_float(x[(d + HALF) % D]);
+      value = Elem<T>::to_float(x[d]) * Elem<T>::to_float(cos_row[d]) +
+              (d < HALF ? -partner : partner) * Elem<T>::to_float(sin_row[d]);
+    }
+    *reinterpret_cast<T*>(qs + swizzle<ROW_BYTES>(row, d / 8) + (d % 8) * 2) =
+        Elem<T>::from_float(value);
+  }
+  for (int d = threadIdx.x; d < D; d += NW * 32) {
+    const T* x = a.k_new + b * a.stride_knb + (long long)kvh * D;
+    const float partner = Elem<T>::to_float(x[(d + HALF) % D]);
+    const T k = Elem<T>::from_float(Elem<T>::to_float(x[d]) * Elem<T>::to_float(cos_row[d]) +
+                                    (d < HALF ? -partner : partner) *
+                                        Elem<T>::to_float(sin_row[d]));
+    const T v = a.v_new[b * a.stride_vnb + (long long)kvh * D + d];
+    k_rows[(long long)pos * D + d] = k;
+    v_rows[(long long)pos * D + d] = v;
+    k_new_s[d] = Elem<T>::to_float(k);
+    v_new_s[d] = Elem<T>::to_float(v);
+  }
+  __syncthreads();
+
+  const int mat = lane >> 3, mrow = lane & 7;  // the ldmatrix 8×8 this lane addresses
+  uint32_t qa[KS][4];
+#pragma unroll
+  for (int ks = 0; ks < KS; ++ks)
+    ldsm_x4(smem_u32(qs) + swizzle<ROW_BYTES>(mrow + (mat & 1) * 8, 2 * ks + (mat >> 1)), qa[ks]);
+
+  float o[NT][4];
+  float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
+  if (warp == 0) {  // the new token opens warp 0's state: m = its score, l = 1, O = its value
+    float s_lo = 0.f, s_hi = 0.f;
+    for (int d = t; d < D; d += 4) {
+      const float k = k_new_s[d];
+      s_lo += Elem<T>::to_float(*reinterpret_cast<const T*>(
+                  qs + swizzle<ROW_BYTES>(g, d / 8) + (d % 8) * 2)) * k;
+      s_hi += Elem<T>::to_float(*reinterpret_cast<const T*>(
+                  qs + swizzle<ROW_BYTES>(g + 8, d / 8) + (d % 8) * 2)) * k;
+    }
+#pragma unroll
+    for (int x = 1; x <= 2; x <<= 1) {
+      s_lo += __shfl_xor_sync(0xffffffffu, s_lo, x);
+      s_hi += __shfl_xor_sync(0xffffffffu, s_hi, x);
+    }
+    m_lo = s_lo * a.scale_log2;
+    m_hi = s_hi * a.scale_log2;
+    l_lo = l_hi = t == 0 ? 1.f : 0.f;  // per-lane partial sums, added up over the row's lanes
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      o[n][0] = o[n][2] = v_new_s[8 * n + 2 * t];
+      o[n][1] = o[n][3] = v_new_s[8 * n + 2 * t + 1];
+    }
+  } else {
+#pragma unroll
+    for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  }
+
+  for (int step = 0; step < my_steps; ++step) {
+    cp_wait<STAGES - 2>();
+    __syncwarp();
+    issue(step + STAGES - 1);
+    const uint8_t* slot = ring + (step % STAGES) * SLOT;
+    const int first_tok = (warp + NW * step) * CPS * CHUNK;
+    float s[2 * CPS][4];
+#pragma unroll
+    for (int n = 0; n < 2 * CPS; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+    for (int j = 0; j < CPS; ++j) {
+      const uint32_t k_tile = smem_u32(slot + j * CHUNK_BYTES);
+#pragma unroll
+      for (int ks = 0; ks < KS; ++ks) {
+        uint32_t kb[4];
+        ldsm_x4(k_tile + swizzle<ROW_BYTES>(mrow + (mat >> 1) * 8, 2 * ks + (mat & 1)), kb);
+        Elem<T>::mma(s[2 * j], qa[ks], kb[0], kb[1]);
+        Elem<T>::mma(s[2 * j + 1], qa[ks], kb[2], kb[3]);
+      }
+    }
+    const bool tail = first_tok + CPS * CHUNK > pos;
+    float max_lo = -INFINITY, max_hi = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < 2 * CPS; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const bool masked = tail && first_tok + n * 8 + 2 * t + (e & 1) >= pos;
+        s[n][e] = masked ? -INFINITY : s[n][e] * a.scale_log2;
+      }
+      max_lo = fmaxf(max_lo, fmaxf(s[n][0], s[n][1]));
+      max_hi = fmaxf(max_hi, fmaxf(s[n][2], s[n][3]));
+    }
+#pragma unroll
+    for (int x = 1; x <= 2; x <<= 1) {
+      max_lo = fmaxf(max_lo, __shfl_xor_sync(0xffffffffu, max_lo, x));
+      max_hi = fmaxf(max_hi, __shfl_xor_sync(0xffffffffu, max_hi, x));
+    }
+    const float new_lo = fmaxf(m_lo, max_lo), new_hi = fmaxf(m_hi, max_hi);
+    const float alpha_lo = exp2f(m_lo - new_lo), alpha_hi = exp2f(m_hi - new_hi);
+    m_lo = new_lo;
+    m_hi = new_hi;
+    uint32_t pa[CPS][4];
+    float sum_lo = 0.f, sum_hi = 0.f;
+#pragma unroll
+    for (int n = 0; n < 2 * CPS; ++n) {
+      const float p0 = exp2f(s[n][0] - new_lo), p1 = exp2f(s[n][1] - new_lo);
+      const float p2 = exp2f(s[n][2] - new_hi), p3 = exp2f(s[n][3] - new_hi);
+      sum_lo += p0 + p1;
+      sum_hi += p2 + p3;
+      pa[n >> 1][(n & 1) * 2] = Elem<T>::pack(p0, p1);
+      pa[n >> 1][(n & 1) * 2 + 1] = Elem<T>::pack(p2, p3);
+    }
+    l_lo = l_lo * alpha_lo + sum_lo;
+    l_hi = l_hi * alpha_hi + sum_hi;
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      o[n][0] *= alpha_lo; o[n][1] *= alpha_lo;
+      o[n][2] *= alpha_hi; o[n][3] *= alpha_hi;
+    }
+#pragma unroll
+    for (int j = 0; j < CPS; ++j) {
+      const uint32_t v_tile = smem_u32(slot + (CPS + j) * CHUNK_BYTES);
+#pragma unroll
+      for (int dp = 0; dp < KS; ++dp) {
+        uint32_t vb[4];
+        ldsm_x4_trans(v_tile + swizzle<ROW_BYTES>(mrow + (mat & 1) * 8, 2 * dp + (mat >> 1)), vb);
+        Elem<T>::mma(o[2 * dp], pa[j], vb[0], vb[1]);
+        Elem<T>::mma(o[2 * dp + 1], pa[j], vb[2], vb[3]);
+      }
+    }
+  }
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+#pragma unroll
+  for (int x = 1; x <= 2; x <<= 1) {
+    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, x);
+    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, x);
+  }
+
+  cp_wait<0>();
+  __syncthreads();
+  float* ms = reinterpret_cast<float*>(smem + Q_BYTES + 2 * D * 4);  // [NW][16]
+  float* ls = ms + NW * 16;
+  float4* os = reinterpret_cast<float4*>(ls + NW * 16);  // [NW − 1][NT][32 lanes]
+  if (warp > 0) {
+    if (t == 0) {
+      ms[warp * 16 + g] = m_lo; ms[warp * 16 + g + 8] = m_hi;
+      ls[warp * 16 + g] = l_lo; ls[warp * 16 + g + 8] = l_hi;
+    }
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+      os[((warp - 1) * NT + n) * 32 + lane] = make_float4(o[n][0], o[n][1], o[n][2], o[n][3]);
+  }
+  __syncthreads();
+  if (warp > 0) return;
+  float top_lo = m_lo, top_hi = m_hi;
+#pragma unroll
+  for (int w = 1; w < NW; ++w) {
+    top_lo = fmaxf(top_lo, ms[w * 16 + g]);
+    top_hi = fmaxf(top_hi, ms[w * 16 + g + 8]);
+  }
+  // warp 0 holds the new token, so every row's maximum is finite
+  float w_lo[NW], w_hi[NW];
+  w_lo[0] = exp2f(m_lo - top_lo);
+  w_hi[0] = exp2f(m_hi - top_hi);
+  float sum_lo = l_lo * w_lo[0], sum_hi = l_hi * w_hi[0];
+#pragma unroll
+  for (int w = 1; w < NW; ++w) {
+    w_lo[w] = exp2f(ms[w * 16 + g] - top_lo);
+    w_hi[w] = exp2f(ms[w * 16 + g + 8] - top_hi);
+    sum_lo += ls[w * 16 + g] * w_lo[w];
+    sum_hi += ls[w * 16 + g + 8] * w_hi[w];
+  }
+  const float inv_lo = 1.f / sum_lo, inv_hi = 1.f / sum_hi;
+#pragma unroll
+  for (int w = 0; w < NW; ++w) {
+    w_lo[w] *= inv_lo;
+    w_hi[w] *= inv_hi;
+  }
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+    o[n][0] *= w_lo[0]; o[n][1] *= w_lo[0]; o[n][2] *= w_hi[0]; o[n][3] *= w_hi[0];
+#pragma unroll
+    for (int w = 1; w < NW; ++w) {
+      const float4 x = os[((w - 1) * NT + n) * 32 + lane];
+      o[n][0] += x.x * w_lo[w]; o[n][1] += x.y * w_lo[w];
+      o[n][2] += x.z * w_hi[w]; o[n][3] += x.w * w_hi[w];
+    }
+  }
+  const int heads = kv_heads * a.group;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = g + 8 * half;
+    if (row >= a.group) continue;
+    T* dst = a.out + ((long long)b * heads + kvh * a.group + row) * D + 2 * t;
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+      *reinterpret_cast<uint32_t*>(dst + 8 * n) =
+          Elem<T>::pack(o[n][2 * half], o[n][2 * half + 1]);
+  }
+}
+}  // namespace
+
+#define FUSED(TYPE, NAME, D, NW, ST, CPS)                                                     \
+  extern "C" __global__ void __launch_bounds__(NW * 32)                                      \
+      fused_decode_##NAME##_##D##_##NW##_##ST##_##CPS(Params<TYPE> a) {                       \
+    fused<TYPE, D, NW, ST, CPS>(a);                                                           \
+  }
+// The measured config (notes/rollout.md, Session 25): 8 warps, 3 slots of one chunk.
+FUSED(__half, f16, 64, 8, 3, 1)
+FUSED(__nv_bfloat16, bf16, 64, 8, 3, 1)

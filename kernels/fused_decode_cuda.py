@@ -1,0 +1,98 @@
+"""Fused decode attention in hand-written CUDA (``fused_decode_cuda.cu``) on static caches: what
+``fused_decode``'s static entry runs where ``applies`` holds; the Triton kernel runs elsewhere.
+
+Why it exists: in the rollout's decode step (Qwen2.5-0.5B, B 64, 14/2 heads, D 64, capacity
+456, 24 layers) the Triton kernel costs ~9.4 µs a layer against the 3.4 µs its 10.7 MB of K/V
+take at the read ceiling. This kernel gives each of 8 warps its own cp.async ring over 16-token
+chunks, with no CTA barrier in the main loop and no context segments to merge across CTAs. With
+it the step went from 0.894 to 0.876 ms (notes/rollout.md, Session 25, run 170).
+
+Scope (``applies``): static caches, fp16 / bf16, D 64, query groups of ≤ 16 heads, cos / sin in
+q's dtype, sm_90+ (it waits with ``griddepcontrol`` and launches with PDL), B·Hkv ≥ 3/4 of the
+SMs (one CTA per (sequence, KV head) must fill the GPU), capacity ≤ 512 tokens (measured at 456;
+longer contexts keep the Triton kernel's segments), nvcc on PATH or the cubin cached. Positions
+are clamped to [0, capacity − 1] in the kernel, as in the Triton kernel.
+"""
+import ctypes
+from pathlib import Path
+
+import torch
+
+from ws_lab.kernels import LOG2E
+from ws_lab.kernels.cubin import CudaSource
+
+SOURCE = CudaSource(Path(__file__).with_suffix(".cu"))
+HEAD_DIM = 64
+MAX_GROUP = 16  # the query group is the 16 rows of one mma tile
+MAX_CAPACITY = 512
+SM_SHARE = 0.75
+DTYPE_NAMES = {torch.float16: "f16", torch.bfloat16: "bf16"}
+# warps, cp.async ring slots a warp, 16-token chunks a slot; in the rollout's step (run 170):
+# 8,3,1 0.876 ms; 4,3,1 0.885; 8,2,1 0.910; 4,2,1 0.902; 4,4,1 0.901; the Triton kernel 0.894.
+# The 128 KB configs (8,2,2 / 16,2,1: 0.948 / 0.958) leave no room beside them for the o
+# GEMM's early-launched programs.
+NUM_WARPS, STAGES, CHUNKS_PER_SLOT = 8, 3, 1
+CHUNK = 16
+
+
+def smem_bytes(head_dim=HEAD_DIM) -> int:
+    """q's 16 rows, the new k and v (fp32), and the warps' rings (the merge reuses the rings)."""
+    ring = NUM_WARPS * STAGES * CHUNKS_PER_SLOT * 2 * CHUNK * head_dim * 2
+    return 16 * head_dim * 2 + 2 * head_dim * 4 + ring
+
+
+def kernel_name(dtype) -> str:
+    return f"fused_decode_{DTYPE_NAMES[dtype]}_{HEAD_DIM}_{NUM_WARPS}_{STAGES}_{CHUNKS_PER_SLOT}"
+
+
+def shape_applies(batch, heads, kv_heads, head_dim, capacity, dtype, rope_dtype,
+                  sm_count) -> bool:
+    """The shape half of ``applies`` (no device needed)."""
+    return (dtype in DTYPE_NAMES and rope_dtype == dtype and head_dim == HEAD_DIM
+            and heads // kv_heads <= MAX_GROUP and capacity <= MAX_CAPACITY
+            and batch * kv_heads >= SM_SHARE * sm_count and max(batch, kv_heads) <= 65535)
+
+
+def applies(q, k_cache, v_cache, cos, out, sm_count) -> bool:
+    """Whether the static call goes to this kernel (inputs already validated by
+    ``fused_decode._validate``)."""
+    if q.device.type != "cuda" or not shape_applies(
+            q.shape[0], q.shape[1], k_cache.shape[1], q.shape[2], k_cache.shape[2], q.dtype,
+            cos.dtype, sm_count):
+        return False
+    # cp.async moves 16-byte pieces of cache rows; the output is written as element pairs
+    if k_cache.data_ptr() % 16 or v_cache.data_ptr() % 16 or out.data_ptr() % 4:
+        return False
+    capability = torch.cuda.get_device_capability(q.device)
+    return capability >= (9, 0) and SOURCE.buildable(capability)
+
+
+class _Params(ctypes.Structure):
+    """fused_decode_cuda.cu's ``Params<T>``, field for field."""
+    _fields_ = ([(n, ctypes.c_uint64) for n in ("q", "k_new", "v_new", "k_cache", "v_cache",
+                                                 "cos", "sin", "positions", "out")]
+                + [("scale_log2", ctypes.c_float), ("group", ctypes.c_int),
+                   ("capacity", ctypes.c_int)]
+                + [(n, ctypes.c_longlong) for n in ("stride_qb", "stride_knb", "stride_vnb")])
+
+
+def launch(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, out, scale) -> torch.Tensor:
+    """One launch on the current stream, with PDL; ``out`` contiguous (B, Hq, D)."""
+    batch, heads, _ = q.shape
+    kv_heads, capacity = k_cache.shape[1], k_cache.shape[2]
+    params = _Params(q.data_ptr(), k_new.data_ptr(), v_new.data_ptr(), k_cache.data_ptr(),
+                     v_cache.data_ptr(), cos.data_ptr(), sin.data_ptr(), positions.data_ptr(),
+                     out.data_ptr(), scale * LOG2E, heads // kv_heads, capacity, q.stride(0),
+                     k_new.stride(0), v_new.stride(0))
+    index = torch.cuda.current_device() if q.device.index is None else q.device.index
+    module = SOURCE.module(index)
+    with torch.cuda.device(index):
+        module.launch(kernel_name(q.dtype), (kv_heads, batch, 1), NUM_WARPS * 32, smem_bytes(),
+                      torch.cuda.current_stream(q.device).cuda_stream, [params], pdl=True)
+    return out
+
+
+def static_report(capability=(9, 0)) -> list[dict]:
+    """No GPU needed: per exported kernel, registers, spill bytes and the SASS counts the design
+    rests on (HMMA, LDSM, LDGSTS, BAR)."""
+    return SOURCE.static_report(capability, ("HMMA", "LDSM", "LDGSTS", "BAR"))

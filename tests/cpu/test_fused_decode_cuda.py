@@ -1,0 +1,68 @@
+"""The hand-written CUDA fused decode (kernels/fused_decode_cuda.cu) without a GPU: nvcc builds it
+for sm_90 and the SASS shows the design its header states; the ctypes mirror of its launch
+struct matches the C++ layout; the dispatch rule sends the rollout's shape to it and nothing
+outside its measured scope."""
+import ctypes
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from ws_lab.kernels import fused_decode_cuda as fc
+
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (CUDA toolkit)")
+
+
+@needs_nvcc
+def test_builds_without_spills_and_keeps_its_design():
+    reports = {r["kernel"]: r for r in fc.static_report((9, 0))}
+    assert set(reports) == {fc.kernel_name(dt) for dt in fc.DTYPE_NAMES}
+    for r in reports.values():
+        assert r["spill_bytes"] == 0 and r["registers"] <= 255 // 2, r  # 8 warps: 2 CTAs fit
+        # a step (one 16-token chunk at D 64): 8 mma for QK^T and 8 for PV; 4 ldmatrix of K,
+        # 4 of V, and q's 4 once
+        assert r["HMMA"] == 16, r
+        assert r["LDSM"] == 12, r
+        assert r["LDGSTS"] >= 8, r
+        # the prologue's q tile, then the merge's two: none in the main loop
+        assert r["BAR"] == 3, r
+
+
+@needs_nvcc
+def test_the_ctypes_params_match_the_kernels_struct(tmp_path):
+    checks = [f"static_assert(sizeof(Params<{t}>) == {ctypes.sizeof(fc._Params)}, \"size\");"
+              for t in ("__half", "__nv_bfloat16")]
+    checks += [f"static_assert(offsetof(Params<__half>, {name}) == "
+               f"{getattr(fc._Params, name).offset}, \"{name}\");"
+               for name, _ in fc._Params._fields_]
+    probe = tmp_path / "layout.cu"
+    probe.write_text(f'#include <cstddef>\n#include "{fc.SOURCE.path}"\nnamespace {{\n'
+                     + "\n".join(checks) + "\n}\n")
+    proc = subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-o", str(tmp_path / "x.cubin"),
+                           str(probe)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+QWEN = dict(batch=64, heads=14, kv_heads=2, head_dim=64, capacity=456, dtype=torch.bfloat16,
+            rope_dtype=torch.bfloat16, sm_count=132)
+
+
+def test_the_rollouts_shape_goes_to_the_cuda_kernel():
+    assert fc.shape_applies(**QWEN)
+    assert fc.shape_applies(**{**QWEN, "dtype": torch.float16, "rope_dtype": torch.float16})
+    assert fc.shape_applies(**{**QWEN, "capacity": fc.MAX_CAPACITY})
+
+
+@pytest.mark.parametrize("change", [
+    dict(head_dim=128), dict(capacity=fc.MAX_CAPACITY + 1), dict(batch=5),
+    dict(heads=64, kv_heads=2), dict(dtype=torch.float32, rope_dtype=torch.float32),
+    dict(rope_dtype=torch.float32), dict(batch=70000, kv_heads=1)],
+    ids=["D128", "long-capacity", "few-pairs", "group-32", "fp32", "fp32-rope", "grid-y"])
+def test_everything_else_keeps_the_triton_kernel(change):
+    assert not fc.shape_applies(**{**QWEN, **change})
+
+
+def test_shared_memory_fits_and_the_rollout_shape_leaves_room_beside_it():
+    assert fc.smem_bytes() == 2048 + 512 + 96 * 1024  # the header's budget
+    assert 2 * fc.smem_bytes() <= 227 * 1024

@@ -1,0 +1,79 @@
+"""The hand-written CUDA fused decode (kernels/fused_decode_cuda.cu), through the static entry
+that dispatches to it, on the GPU vs the float64 oracle (tolerances: ws_lab.decode_cases; the
+rotated k within 1 ulp, v bitwise, every other slot untouched, slots at and past each position
+NaN-poisoned so a read past the context turns the output NaN): fp16 / bf16, groups 7, 8 and 1,
+capacities 456 and 512, positions 0, 1, capacity − 1 and ragged; q / k / v as views of one
+q|k|v buffer, as the rollout passes them; a CUDA graph replayed over advancing positions."""
+import itertools
+
+import pytest
+import torch
+
+from ws_lab.decode_cases import check_decode, check_step, make_decode
+from ws_lab.kernels import fused_decode, fused_decode_cuda
+from ws_lab.kernels.paged import _sm_count
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = {"qwen-14/2": (64, 14, 2), "group8-16/2": (64, 16, 2), "mha-8/8": (16, 8, 8)}
+
+
+def _positions(kind, batch, capacity):
+    return {"zero": [0] * batch, "one": [1] * batch, "last": [capacity - 1] * batch,
+            "ragged": [(97 * b + 13) % capacity for b in range(batch)],
+            "advancing": [100 + 5 * b for b in range(batch)]}[kind]  # 24 steps stay < 456
+
+
+def _problem(shape, capacity, positions, dtype):
+    batch, hq, hkv = SHAPES[shape]
+    p = make_decode(batch, hq, hkv, 64, capacity, _positions(positions, batch, capacity),
+                    getattr(torch, dtype), "cuda")
+    if not fused_decode_cuda.applies(p.q, p.k_cache, p.v_cache, p.cos, p.q, _sm_count(p.q.device)):
+        pytest.skip("outside the CUDA kernel's scope on this GPU (SM count or architecture)")
+    return p
+
+
+@pytest.mark.parametrize("dtype,shape,capacity,positions", itertools.product(
+    ["float16", "bfloat16"], SHAPES, [456, 512], ["zero", "one", "last", "ragged"]))
+def test_matches_oracle(dtype, shape, capacity, positions):
+    p = _problem(shape, capacity, positions, dtype)
+    result = check_decode(fused_decode.fused_decode_attention, p)
+    assert result.ok, result
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_q_k_v_as_views_of_one_qkv_buffer_and_the_op_path(dtype):
+    """The rollout slices q, k_new and v_new out of its q|k|v GEMM's output (batch stride
+    (Hq + 2·Hkv)·D) and calls without ``out`` (torch.ops.ws_lab.fused_decode)."""
+    p = _problem("qwen-14/2", 456, "ragged", dtype)
+    batch, hq, d = p.q.shape
+    hkv = p.k_new.shape[1]
+    qkv = torch.empty(batch, hq + 2 * hkv, d, dtype=p.q.dtype, device="cuda")
+    qkv[:, :hq], qkv[:, hq:hq + hkv], qkv[:, hq + hkv:] = p.q, p.k_new, p.v_new
+    p.q, p.k_new, p.v_new = qkv[:, :hq], qkv[:, hq:hq + hkv], qkv[:, hq + hkv:]
+    result = check_decode(lambda *a, out, softmax_scale: out.copy_(
+        fused_decode.fused_decode_attention(*a, softmax_scale=softmax_scale)), p)
+    assert result.ok, result
+
+
+def test_graph_replays_over_advancing_positions():
+    """One capture at the rollout's shape; each replay decodes the next position of every
+    sequence (ragged), inputs fresh, everything checked against the oracle's step."""
+    p = _problem("qwen-14/2", 456, "advancing", "bfloat16")
+    out = torch.empty_like(p.q)
+
+    def step():
+        fused_decode.fused_decode_attention(*p.args(), out=out)
+
+    step()  # outside the capture: builds and loads the cubin
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    for _ in range(24):
+        for t in (p.q, p.k_new, p.v_new):
+            t.copy_(torch.randn(t.shape, generator=gen, device="cuda").to(t.dtype))
+        out.fill_(float("nan"))
+        result = check_step(p, graph.replay, out)
+        assert result.ok, (int(p.positions[0]), result)
+        p.positions.add_(1)
