@@ -43,6 +43,11 @@ def static_report(rows, json_path):
           dict(heads=heads, kv_heads=kv_heads, head_dim=head_dim))
          for heads, kv_heads, head_dim, dtype in layouts
          for spec in fused.static_specs(heads, kv_heads, head_dim, dtype)], json_path)
+    from ws_lab.kernels import fused_decode_cuda
+    from ws_lab.kernels.cubin import print_static_report
+
+    print_static_report("\nthe CUDA kernel static calls at the rollout's shape run "
+                        "(kernels/fused_decode_cuda.cu)", fused_decode_cuda.static_report)
 
 
 def _main(argv):

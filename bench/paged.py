@@ -11,7 +11,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # import this checkout's ws_lab
 
 import json
-import subprocess
 from dataclasses import asdict
 
 from ws_lab import bench_paged as bp
@@ -95,20 +94,12 @@ def static_report(block_sizes, json_path):
 
 
 def print_cuda_report():
-    """mode="cuda"'s kernels for sm_90: ptxas registers / spills and the SASS counts its
-    design rests on (paged_cuda.static_report); skipped without nvcc."""
+    """mode="cuda"'s kernels: ptxas registers / spills and the SASS counts its design rests on
+    (paged_cuda.static_report); skipped without nvcc."""
     from ws_lab.kernels import paged_cuda
+    from ws_lab.kernels.cubin import print_static_report
 
-    try:
-        reports = paged_cuda.static_report((9, 0))
-    except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:  # nvcc or cuobjdump
-        print(f"mode='cuda' (paged_cuda.cu): no static report ({exc})")
-        return
-    print("mode='cuda' (kernels/paged_cuda.cu), sm_90:\n")
-    keys = list(reports[0])
-    print("| " + " | ".join(keys) + " |\n|" + "---|" * len(keys))
-    for r in reports:
-        print("| " + " | ".join(str(r[k]) for k in keys) + " |")
+    print_static_report("mode='cuda' (kernels/paged_cuda.cu)", paged_cuda.static_report)
 
 
 def _main(argv):

@@ -107,6 +107,21 @@ class CudaSource:
         return sorted(reports, key=lambda r: r["kernel"])
 
 
+def print_static_report(title, report, capability=(9, 0)) -> None:
+    """Prints ``report(capability)`` (a ``static_report`` function) as a table, or why not:
+    the no-GPU fallback of the benches (nvcc and cuobjdump, no device)."""
+    try:
+        rows = report(capability)
+    except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:  # nvcc or cuobjdump
+        print(f"{title}: no static report ({exc})")
+        return
+    print(f"{title}, sm_{capability[0]}{capability[1]}:\n")
+    keys = list(rows[0])
+    print("| " + " | ".join(keys) + " |\n|" + "---|" * len(keys))
+    for r in rows:
+        print("| " + " | ".join(str(r[k]) for k in keys) + " |")
+
+
 class _LaunchAttribute(ctypes.Structure):
     """CUlaunchAttribute: an id, padding, a 64-byte value union."""
     _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_char * 64)]
