@@ -1,7 +1,7 @@
 """The hand-written CUDA fused decode (kernels/fused_decode_cuda.cu) without a GPU: nvcc builds it
-for sm_90 and the SASS shows the design its header states; the ctypes mirror of its launch
-struct matches the C++ layout; the dispatch rule sends the rollout's shape to it and nothing
-outside its measured scope."""
+for sm_90 and the SASS shows the design its header states; the ctypes mirrors of its launch
+struct and of the driver's PDL launch structs match the C++ layouts; the dispatch rule sends the
+rollout's shape to it and nothing outside its measured scope."""
 import ctypes
 import shutil
 import subprocess
@@ -66,3 +66,29 @@ def test_everything_else_keeps_the_triton_kernel(change):
 def test_shared_memory_fits_and_the_rollout_shape_leaves_room_beside_it():
     assert fc.smem_bytes() == 2048 + 512 + 96 * 1024  # the header's budget
     assert 2 * fc.smem_bytes() <= 227 * 1024
+
+
+@needs_nvcc
+def test_the_pdl_launch_structs_match_the_driver_api(tmp_path):
+    """kernels/cubin.py's ctypes mirrors of CUlaunchConfig and CUlaunchAttribute against
+    cuda.h: a moved or resized field fails to compile, and the attribute id is the one cuda.h
+    names for programmatic stream serialization."""
+    from ws_lab.kernels import cubin
+
+    checks = [f"static_assert(sizeof(CUlaunchConfig) == {ctypes.sizeof(cubin._LaunchConfig)});",
+              f"static_assert(sizeof(CUlaunchAttribute) == "
+              f"{ctypes.sizeof(cubin._LaunchAttribute)});",
+              f"static_assert(offsetof(CUlaunchAttribute, value) == "
+              f"{cubin._LaunchAttribute.value.offset});",
+              f"static_assert(CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION == "
+              f"{cubin._PROGRAMMATIC_STREAM_SERIALIZATION});"]
+    fields = ("gridDimX", "gridDimY", "gridDimZ", "blockDimX", "blockDimY", "blockDimZ",
+              "sharedMemBytes", "hStream", "attrs", "numAttrs")
+    checks += [f"static_assert(offsetof(CUlaunchConfig, {c}) == "
+               f"{getattr(cubin._LaunchConfig, p).offset});"
+               for c, (p, _) in zip(fields, cubin._LaunchConfig._fields_)]
+    probe = tmp_path / "launch.cu"
+    probe.write_text("#include <cstddef>\n#include <cuda.h>\n" + "\n".join(checks) + "\n")
+    proc = subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-o", str(tmp_path / "x.cubin"),
+                           str(probe)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
