@@ -22,7 +22,7 @@
 //   - Dependents launch after the main loop; the warps then merge in the mma fragment layout
 //     (warps 1.. leave m, l, O in shared memory, warp 0 combines and writes its group's rows).
 // Shared memory (D 64, 8 warps, 3 slots of 1 chunk): 2 KB q + 0.5 KB new k/v + 96 KB ring.
-// Registers: 98 a thread on sm_90, no spills (tests/cpu/test_fused_decode_cuda.py pins them).
+// Registers: 96 a thread on sm_90, no spills (tests/cpu/test_fused_decode_cuda.py pins them).
 #include "cuda_common.cuh"
 
 namespace {
@@ -123,8 +123,9 @@ __device__ __forceinline__ void fused(const Params<T>& a) {
   for (int ks = 0; ks < KS; ++ks)
     ldsm_x4(smem_u32(qs) + swizzle<ROW_BYTES>(mrow + (mat & 1) * 8, 2 * ks + (mat >> 1)), qa[ks]);
 
-  float o[NT][4];
-  float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
+  WarpState<D> st;
+  st.m_lo = st.m_hi = -INFINITY;
+  st.l_lo = st.l_hi = 0.f;
   if (warp == 0) {  // the new token opens warp 0's state: m = its score, l = 1, O = its value
     float s_lo = 0.f, s_hi = 0.f;
     for (int d = t; d < D; d += 4) {
@@ -139,148 +140,33 @@ __device__ __forceinline__ void fused(const Params<T>& a) {
       s_lo += __shfl_xor_sync(0xffffffffu, s_lo, x);
       s_hi += __shfl_xor_sync(0xffffffffu, s_hi, x);
     }
-    m_lo = s_lo * a.scale_log2;
-    m_hi = s_hi * a.scale_log2;
-    l_lo = l_hi = t == 0 ? 1.f : 0.f;  // per-lane partial sums, added up over the row's lanes
+    st.m_lo = s_lo * a.scale_log2;
+    st.m_hi = s_hi * a.scale_log2;
+    st.l_lo = st.l_hi = t == 0 ? 1.f : 0.f;  // per-lane partial sums, added up over the row's lanes
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
-      o[n][0] = o[n][2] = v_new_s[8 * n + 2 * t];
-      o[n][1] = o[n][3] = v_new_s[8 * n + 2 * t + 1];
+      st.o[n][0] = st.o[n][2] = v_new_s[8 * n + 2 * t];
+      st.o[n][1] = st.o[n][3] = v_new_s[8 * n + 2 * t + 1];
     }
   } else {
 #pragma unroll
-    for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    for (int n = 0; n < NT; ++n) st.o[n][0] = st.o[n][1] = st.o[n][2] = st.o[n][3] = 0.f;
   }
 
   for (int step = 0; step < my_steps; ++step) {
     cp_wait<STAGES - 2>();
     __syncwarp();
     issue(step + STAGES - 1);
-    const uint8_t* slot = ring + (step % STAGES) * SLOT;
     const int first_tok = (warp + NW * step) * CPS * CHUNK;
-    float s[2 * CPS][4];
-#pragma unroll
-    for (int n = 0; n < 2 * CPS; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-#pragma unroll
-    for (int j = 0; j < CPS; ++j) {
-      const uint32_t k_tile = smem_u32(slot + j * CHUNK_BYTES);
-#pragma unroll
-      for (int ks = 0; ks < KS; ++ks) {
-        uint32_t kb[4];
-        ldsm_x4(k_tile + swizzle<ROW_BYTES>(mrow + (mat >> 1) * 8, 2 * ks + (mat & 1)), kb);
-        Elem<T>::mma(s[2 * j], qa[ks], kb[0], kb[1]);
-        Elem<T>::mma(s[2 * j + 1], qa[ks], kb[2], kb[3]);
-      }
-    }
-    const bool tail = first_tok + CPS * CHUNK > pos;
-    float max_lo = -INFINITY, max_hi = -INFINITY;
-#pragma unroll
-    for (int n = 0; n < 2 * CPS; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const bool masked = tail && first_tok + n * 8 + 2 * t + (e & 1) >= pos;
-        s[n][e] = masked ? -INFINITY : s[n][e] * a.scale_log2;
-      }
-      max_lo = fmaxf(max_lo, fmaxf(s[n][0], s[n][1]));
-      max_hi = fmaxf(max_hi, fmaxf(s[n][2], s[n][3]));
-    }
-#pragma unroll
-    for (int x = 1; x <= 2; x <<= 1) {
-      max_lo = fmaxf(max_lo, __shfl_xor_sync(0xffffffffu, max_lo, x));
-      max_hi = fmaxf(max_hi, __shfl_xor_sync(0xffffffffu, max_hi, x));
-    }
-    const float new_lo = fmaxf(m_lo, max_lo), new_hi = fmaxf(m_hi, max_hi);
-    const float alpha_lo = exp2f(m_lo - new_lo), alpha_hi = exp2f(m_hi - new_hi);
-    m_lo = new_lo;
-    m_hi = new_hi;
-    uint32_t pa[CPS][4];
-    float sum_lo = 0.f, sum_hi = 0.f;
-#pragma unroll
-    for (int n = 0; n < 2 * CPS; ++n) {
-      const float p0 = exp2f(s[n][0] - new_lo), p1 = exp2f(s[n][1] - new_lo);
-      const float p2 = exp2f(s[n][2] - new_hi), p3 = exp2f(s[n][3] - new_hi);
-      sum_lo += p0 + p1;
-      sum_hi += p2 + p3;
-      pa[n >> 1][(n & 1) * 2] = Elem<T>::pack(p0, p1);
-      pa[n >> 1][(n & 1) * 2 + 1] = Elem<T>::pack(p2, p3);
-    }
-    l_lo = l_lo * alpha_lo + sum_lo;
-    l_hi = l_hi * alpha_hi + sum_hi;
-#pragma unroll
-    for (int n = 0; n < NT; ++n) {
-      o[n][0] *= alpha_lo; o[n][1] *= alpha_lo;
-      o[n][2] *= alpha_hi; o[n][3] *= alpha_hi;
-    }
-#pragma unroll
-    for (int j = 0; j < CPS; ++j) {
-      const uint32_t v_tile = smem_u32(slot + (CPS + j) * CHUNK_BYTES);
-#pragma unroll
-      for (int dp = 0; dp < KS; ++dp) {
-        uint32_t vb[4];
-        ldsm_x4_trans(v_tile + swizzle<ROW_BYTES>(mrow + (mat & 1) * 8, 2 * dp + (mat >> 1)), vb);
-        Elem<T>::mma(o[2 * dp], pa[j], vb[0], vb[1]);
-        Elem<T>::mma(o[2 * dp + 1], pa[j], vb[2], vb[3]);
-      }
-    }
+    attend_step<T, D, CPS>(st, qa, ring + (step % STAGES) * SLOT, first_tok, pos, a.scale_log2);
   }
 #if __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
-#pragma unroll
-  for (int x = 1; x <= 2; x <<= 1) {
-    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, x);
-    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, x);
-  }
-
-  cp_wait<0>();
-  __syncthreads();
-  float* ms = reinterpret_cast<float*>(smem + Q_BYTES + 2 * D * 4);  // [NW][16]
-  float* ls = ms + NW * 16;
-  float4* os = reinterpret_cast<float4*>(ls + NW * 16);  // [NW − 1][NT][32 lanes]
-  if (warp > 0) {
-    if (t == 0) {
-      ms[warp * 16 + g] = m_lo; ms[warp * 16 + g + 8] = m_hi;
-      ls[warp * 16 + g] = l_lo; ls[warp * 16 + g + 8] = l_hi;
-    }
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-      os[((warp - 1) * NT + n) * 32 + lane] = make_float4(o[n][0], o[n][1], o[n][2], o[n][3]);
-  }
-  __syncthreads();
-  if (warp > 0) return;
-  float top_lo = m_lo, top_hi = m_hi;
-#pragma unroll
-  for (int w = 1; w < NW; ++w) {
-    top_lo = fmaxf(top_lo, ms[w * 16 + g]);
-    top_hi = fmaxf(top_hi, ms[w * 16 + g + 8]);
-  }
-  // warp 0 holds the new token, so every row's maximum is finite
-  float w_lo[NW], w_hi[NW];
-  w_lo[0] = exp2f(m_lo - top_lo);
-  w_hi[0] = exp2f(m_hi - top_hi);
-  float sum_lo = l_lo * w_lo[0], sum_hi = l_hi * w_hi[0];
-#pragma unroll
-  for (int w = 1; w < NW; ++w) {
-    w_lo[w] = exp2f(ms[w * 16 + g] - top_lo);
-    w_hi[w] = exp2f(ms[w * 16 + g + 8] - top_hi);
-    sum_lo += ls[w * 16 + g] * w_lo[w];
-    sum_hi += ls[w * 16 + g + 8] * w_hi[w];
-  }
-  const float inv_lo = 1.f / sum_lo, inv_hi = 1.f / sum_hi;
-#pragma unroll
-  for (int w = 0; w < NW; ++w) {
-    w_lo[w] *= inv_lo;
-    w_hi[w] *= inv_hi;
-  }
-#pragma unroll
-  for (int n = 0; n < NT; ++n) {
-    o[n][0] *= w_lo[0]; o[n][1] *= w_lo[0]; o[n][2] *= w_hi[0]; o[n][3] *= w_hi[0];
-#pragma unroll
-    for (int w = 1; w < NW; ++w) {
-      const float4 x = os[((w - 1) * NT + n) * 32 + lane];
-      o[n][0] += x.x * w_lo[w]; o[n][1] += x.y * w_lo[w];
-      o[n][2] += x.z * w_hi[w]; o[n][3] += x.w * w_hi[w];
-    }
+  // The warps meet in shared memory past q and the new k / v; warp 0 writes the group's rows.
+  RowStats rows;
+  if (!merge_warps<D, NW>(st, reinterpret_cast<float*>(smem + Q_BYTES + 2 * D * 4), rows)) {
+    return;
   }
   const int heads = kv_heads * a.group;
 #pragma unroll
@@ -291,7 +177,7 @@ __device__ __forceinline__ void fused(const Params<T>& a) {
 #pragma unroll
     for (int n = 0; n < NT; ++n)
       *reinterpret_cast<uint32_t*>(dst + 8 * n) =
-          Elem<T>::pack(o[n][2 * half], o[n][2 * half + 1]);
+          Elem<T>::pack(st.o[n][2 * half], st.o[n][2 * half + 1]);
   }
 }
 }  // namespace

@@ -23,7 +23,7 @@
 //     and the CTA writes the output, or its segment's partial (m, l, O/l) when the context is
 //     split; paged_merge then combines the segments.
 // Shared memory: NW · STAGES · BPS · 8 KB (2,2,2: 64 KB, three CTAs an SM; 4,2,2: 128 KB).
-// Registers: 250-252 a thread on sm_90, 235 on sm_80, no spills (O: 64 fp32, Q fragments: 32;
+// Registers: 250 a thread on sm_90, 234 on sm_80, no spills (O: 64 fp32, Q fragments: 32;
 // tests/cpu/test_paged_cuda.py pins the spills and the SASS counts).
 #include "cuda_common.cuh"
 
@@ -115,149 +115,23 @@ __device__ __forceinline__ void decode(const Params<T>& a) {
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) issue(s);
 
-  float o[16][4];  // O: rows g / g + 8, columns 8n + 2t, +1
+  WarpState<D> st;
 #pragma unroll
-  for (int n = 0; n < 16; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-  float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
+  for (int n = 0; n < 16; ++n) st.o[n][0] = st.o[n][1] = st.o[n][2] = st.o[n][3] = 0.f;
+  st.m_lo = st.m_hi = -INFINITY;
+  st.l_lo = st.l_hi = 0.f;
 
   for (int step = 0; step < my_steps; ++step) {
     cp_wait<STAGES - 2>();
     __syncwarp();  // every lane's copies into this slot have landed; the slot issued next is free
     issue(step + STAGES - 1);
-    const uint8_t* slot = ring + (step % STAGES) * SLOT;
-    const int first_tok = first_block(step) * BS;
-    const int mat = lane >> 3, mrow = lane & 7;  // the ldmatrix 8×8 this lane addresses
-
-    float s[2 * BPS][4];
-#pragma unroll
-    for (int n = 0; n < 2 * BPS; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-#pragma unroll
-    for (int j = 0; j < BPS; ++j) {
-      const uint32_t k_tile = smem_u32(slot + j * BLK_BYTES);
-#pragma unroll
-      for (int ks = 0; ks < 8; ++ks) {
-        uint32_t kb[4];  // tokens 0-7 / 8-15 of the block, head dims 16ks..16ks+15
-        ldsm_x4(k_tile + swizzle<ROW_BYTES>(mrow + (mat >> 1) * 8, 2 * ks + (mat & 1)), kb);
-        Elem<T>::mma(s[2 * j], qa[ks], kb[0], kb[1]);
-        Elem<T>::mma(s[2 * j + 1], qa[ks], kb[2], kb[3]);
-      }
-    }
-    const bool tail = first_tok + BPS * BS > limit;
-    float max_lo = -INFINITY, max_hi = -INFINITY;
-#pragma unroll
-    for (int n = 0; n < 2 * BPS; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const bool masked = tail && first_tok + n * 8 + 2 * t + (e & 1) >= limit;
-        s[n][e] = masked ? -INFINITY : s[n][e] * a.scale_log2;
-      }
-      max_lo = fmaxf(max_lo, fmaxf(s[n][0], s[n][1]));
-      max_hi = fmaxf(max_hi, fmaxf(s[n][2], s[n][3]));
-    }
-#pragma unroll
-    for (int x = 1; x <= 2; x <<= 1) {  // a row's 16·BPS scores sit in its 4 lanes
-      max_lo = fmaxf(max_lo, __shfl_xor_sync(0xffffffffu, max_lo, x));
-      max_hi = fmaxf(max_hi, __shfl_xor_sync(0xffffffffu, max_hi, x));
-    }
-    // Every step holds at least one token of the context, so the new maxima are finite.
-    const float new_lo = fmaxf(m_lo, max_lo), new_hi = fmaxf(m_hi, max_hi);
-    const float alpha_lo = exp2f(m_lo - new_lo), alpha_hi = exp2f(m_hi - new_hi);
-    m_lo = new_lo;
-    m_hi = new_hi;
-    uint32_t pa[BPS][4];  // P as the A fragments of PV, one k16 step per cache block
-    float sum_lo = 0.f, sum_hi = 0.f;
-#pragma unroll
-    for (int n = 0; n < 2 * BPS; ++n) {
-      const float p0 = exp2f(s[n][0] - new_lo), p1 = exp2f(s[n][1] - new_lo);
-      const float p2 = exp2f(s[n][2] - new_hi), p3 = exp2f(s[n][3] - new_hi);
-      sum_lo += p0 + p1;
-      sum_hi += p2 + p3;
-      pa[n >> 1][(n & 1) * 2] = Elem<T>::pack(p0, p1);
-      pa[n >> 1][(n & 1) * 2 + 1] = Elem<T>::pack(p2, p3);
-    }
-    l_lo = l_lo * alpha_lo + sum_lo;  // per-lane partial sums: the row's 4 lanes add up at the end
-    l_hi = l_hi * alpha_hi + sum_hi;
-#pragma unroll
-    for (int n = 0; n < 16; ++n) {
-      o[n][0] *= alpha_lo; o[n][1] *= alpha_lo;
-      o[n][2] *= alpha_hi; o[n][3] *= alpha_hi;
-    }
-#pragma unroll
-    for (int j = 0; j < BPS; ++j) {
-      const uint32_t v_tile = smem_u32(slot + (BPS + j) * BLK_BYTES);
-#pragma unroll
-      for (int dp = 0; dp < 8; ++dp) {
-        uint32_t vb[4];  // tokens 0-7 / 8-15, head dims 16dp..16dp+7 / 16dp+8..16dp+15
-        ldsm_x4_trans(v_tile + swizzle<ROW_BYTES>(mrow + (mat & 1) * 8, 2 * dp + (mat >> 1)), vb);
-        Elem<T>::mma(o[2 * dp], pa[j], vb[0], vb[1]);
-        Elem<T>::mma(o[2 * dp + 1], pa[j], vb[2], vb[3]);
-      }
-    }
-  }
-#pragma unroll
-  for (int x = 1; x <= 2; x <<= 1) {
-    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, x);
-    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, x);
+    attend_step<T, D, BPS>(st, qa, ring + (step % STAGES) * SLOT, first_block(step) * BS, limit,
+                           a.scale_log2);
   }
 
-  // The warps meet in shared memory (the rings are free by then): warps 1.. leave m, l and their
-  // O fragments there, warp 0 merges them into its own fragments and writes its rows. Merging in
-  // the mma layout keeps the work per thread the same for every group size; a pass over
-  // (row, dim) in shared memory cost group-4 rows 2 % of the kernel (notes/triton.md, Session 25).
-  cp_wait<0>();
-  __syncthreads();
-  float* ms = reinterpret_cast<float*>(smem);                // [NW][16]
-  float* ls = ms + NW * 16;                                  // [NW][16]
-  float4* os = reinterpret_cast<float4*>(ls + NW * 16);      // [NW − 1][16 n][32 lanes]
-  if (warp > 0) {
-    if (t == 0) {
-      ms[warp * 16 + g] = m_lo; ms[warp * 16 + g + 8] = m_hi;
-      ls[warp * 16 + g] = l_lo; ls[warp * 16 + g + 8] = l_hi;
-    }
-#pragma unroll
-    for (int n = 0; n < 16; ++n)
-      os[((warp - 1) * 16 + n) * 32 + lane] = make_float4(o[n][0], o[n][1], o[n][2], o[n][3]);
-  }
-  __syncthreads();
-  if (warp > 0) return;
-
-  float top_lo = m_lo, top_hi = m_hi;
-#pragma unroll
-  for (int w = 1; w < NW; ++w) {
-    top_lo = fmaxf(top_lo, ms[w * 16 + g]);
-    top_hi = fmaxf(top_hi, ms[w * 16 + g + 8]);
-  }
-  // Warp w's weight in a row: exp2(m_w − m); 0 when no warp saw a token (an empty segment).
-  auto weight = [](float m_w, float m) { return m == -INFINITY ? 0.f : exp2f(m_w - m); };
-  float w_lo[NW], w_hi[NW];
-  w_lo[0] = weight(m_lo, top_lo);
-  w_hi[0] = weight(m_hi, top_hi);
-  float sum_lo = l_lo * w_lo[0], sum_hi = l_hi * w_hi[0];
-#pragma unroll
-  for (int w = 1; w < NW; ++w) {
-    w_lo[w] = weight(ms[w * 16 + g], top_lo);
-    w_hi[w] = weight(ms[w * 16 + g + 8], top_hi);
-    sum_lo += ls[w * 16 + g] * w_lo[w];
-    sum_hi += ls[w * 16 + g + 8] * w_hi[w];
-  }
-  const float inv_lo = sum_lo > 0.f ? 1.f / sum_lo : 0.f;
-  const float inv_hi = sum_hi > 0.f ? 1.f / sum_hi : 0.f;
-#pragma unroll
-  for (int w = 0; w < NW; ++w) {
-    w_lo[w] *= inv_lo;
-    w_hi[w] *= inv_hi;
-  }
-#pragma unroll
-  for (int n = 0; n < 16; ++n) {
-    o[n][0] *= w_lo[0]; o[n][1] *= w_lo[0]; o[n][2] *= w_hi[0]; o[n][3] *= w_hi[0];
-#pragma unroll
-    for (int w = 1; w < NW; ++w) {
-      const float4 x = os[((w - 1) * 16 + n) * 32 + lane];
-      o[n][0] += x.x * w_lo[w]; o[n][1] += x.y * w_lo[w];
-      o[n][2] += x.z * w_hi[w]; o[n][3] += x.w * w_hi[w];
-    }
-  }
-
+  // The warps meet in shared memory (the rings are free by then); warp 0 writes the rows.
+  RowStats rows;
+  if (!merge_warps<D, NW>(st, reinterpret_cast<float*>(smem), rows)) return;
   const int heads = kv_heads * a.group;
   const bool pairs = ((reinterpret_cast<uintptr_t>(a.out) | a.stride_ob | a.stride_oh) & 1) == 0;
 #pragma unroll
@@ -269,7 +143,7 @@ __device__ __forceinline__ void decode(const Params<T>& a) {
       T* dst = a.out + b * a.stride_ob + h * a.stride_oh + 2 * t;
 #pragma unroll
       for (int n = 0; n < 16; ++n) {
-        const float v0 = o[n][2 * half], v1 = o[n][2 * half + 1];
+        const float v0 = st.o[n][2 * half], v1 = st.o[n][2 * half + 1];
         if (pairs) {
           *reinterpret_cast<uint32_t*>(dst + 8 * n) = Elem<T>::pack(v0, v1);
         } else {
@@ -282,10 +156,11 @@ __device__ __forceinline__ void decode(const Params<T>& a) {
       float* dst = a.o_part + p * D + 2 * t;
 #pragma unroll
       for (int n = 0; n < 16; ++n)
-        *reinterpret_cast<float2*>(dst + 8 * n) = make_float2(o[n][2 * half], o[n][2 * half + 1]);
+        *reinterpret_cast<float2*>(dst + 8 * n) =
+            make_float2(st.o[n][2 * half], st.o[n][2 * half + 1]);
       if (t == 0) {
-        a.m_part[p] = half ? top_hi : top_lo;
-        a.l_part[p] = half ? sum_hi : sum_lo;
+        a.m_part[p] = half ? rows.m_hi : rows.m_lo;
+        a.l_part[p] = half ? rows.l_hi : rows.l_lo;
       }
     }
   }
