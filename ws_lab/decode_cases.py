@@ -133,6 +133,24 @@ def check_step(p: DecodeProblem, run, out, softmax_scale=None) -> DecodeCheck:
                        and _same(p.v_cache[~written], v_after[~written]), p.seed)
 
 
+def graph_replays(p: DecodeProblem, step, out, steps, seed=1):
+    """Runs ``step`` (which writes ``out`` and the caches) once outside a capture (compiles,
+    allocates), captures it once as a CUDA graph, then per replay: fresh q / k_new / v_new,
+    ``out`` NaN-poisoned, the replay checked against the oracle's step on the caches as they
+    stand, every position advanced by one. Yields (sequence 0's position, DecodeCheck)."""
+    step()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    for _ in range(steps):
+        for t in (p.q, p.k_new, p.v_new):
+            t.copy_(torch.randn(t.shape, generator=gen, device="cuda").to(t.dtype))
+        out.fill_(float("nan"))
+        yield int(p.positions[0]), check_step(p, graph.replay, out)
+        p.positions.add_(1)
+
+
 def _written_mask(p: DecodeProblem) -> torch.Tensor:
     """True at the cache rows (one per sequence and KV head) the step writes."""
     mask = torch.zeros(p.k_cache.shape[:-1], dtype=torch.bool, device=p.k_cache.device)

@@ -2,13 +2,12 @@
 for sm_90 and the SASS shows the design its header states; the ctypes mirrors of its launch
 struct and of the driver's PDL launch structs match the C++ layouts; the dispatch rule sends the
 rollout's shape to it and nothing outside its measured scope."""
-import ctypes
 import shutil
-import subprocess
 
 import pytest
 import torch
 
+from tests.cpu.cuda_layout import assert_compiles, offset_asserts, size_assert
 from ws_lab.kernels import fused_decode_cuda as fc
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (CUDA toolkit)")
@@ -31,17 +30,9 @@ def test_builds_without_spills_and_keeps_its_design():
 
 @needs_nvcc
 def test_the_ctypes_params_match_the_kernels_struct(tmp_path):
-    checks = [f"static_assert(sizeof(Params<{t}>) == {ctypes.sizeof(fc._Params)}, \"size\");"
-              for t in ("__half", "__nv_bfloat16")]
-    checks += [f"static_assert(offsetof(Params<__half>, {name}) == "
-               f"{getattr(fc._Params, name).offset}, \"{name}\");"
-               for name, _ in fc._Params._fields_]
-    probe = tmp_path / "layout.cu"
-    probe.write_text(f'#include <cstddef>\n#include "{fc.SOURCE.path}"\nnamespace {{\n'
-                     + "\n".join(checks) + "\n}\n")
-    proc = subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-o", str(tmp_path / "x.cubin"),
-                           str(probe)], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    checks = [size_assert(f"Params<{t}>", fc._Params) for t in ("__half", "__nv_bfloat16")]
+    assert_compiles(tmp_path, f'"{fc.SOURCE.path}"',
+                    checks + offset_asserts("Params<__half>", fc._Params))
 
 
 QWEN = dict(batch=64, heads=14, kv_heads=2, head_dim=64, capacity=456, dtype=torch.bfloat16,
@@ -75,20 +66,13 @@ def test_the_pdl_launch_structs_match_the_driver_api(tmp_path):
     names for programmatic stream serialization."""
     from ws_lab.kernels import cubin
 
-    checks = [f"static_assert(sizeof(CUlaunchConfig) == {ctypes.sizeof(cubin._LaunchConfig)});",
-              f"static_assert(sizeof(CUlaunchAttribute) == "
-              f"{ctypes.sizeof(cubin._LaunchAttribute)});",
-              f"static_assert(offsetof(CUlaunchAttribute, value) == "
-              f"{cubin._LaunchAttribute.value.offset});",
-              f"static_assert(CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION == "
-              f"{cubin._PROGRAMMATIC_STREAM_SERIALIZATION});"]
     fields = ("gridDimX", "gridDimY", "gridDimZ", "blockDimX", "blockDimY", "blockDimZ",
               "sharedMemBytes", "hStream", "attrs", "numAttrs")
-    checks += [f"static_assert(offsetof(CUlaunchConfig, {c}) == "
-               f"{getattr(cubin._LaunchConfig, p).offset});"
-               for c, (p, _) in zip(fields, cubin._LaunchConfig._fields_)]
-    probe = tmp_path / "launch.cu"
-    probe.write_text("#include <cstddef>\n#include <cuda.h>\n" + "\n".join(checks) + "\n")
-    proc = subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-o", str(tmp_path / "x.cubin"),
-                           str(probe)], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    checks = [size_assert("CUlaunchConfig", cubin._LaunchConfig),
+              size_assert("CUlaunchAttribute", cubin._LaunchAttribute),
+              f"static_assert(offsetof(CUlaunchAttribute, value) == "
+              f'{cubin._LaunchAttribute.value.offset}, "value");',
+              f"static_assert(CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION == "
+              f'{cubin._PROGRAMMATIC_STREAM_SERIALIZATION}, "id");']
+    assert_compiles(tmp_path, "<cuda.h>",
+                    checks + offset_asserts("CUlaunchConfig", cubin._LaunchConfig, fields))

@@ -1,13 +1,12 @@
 """The hand-written CUDA paged decode (kernels/paged_cuda.cu) without a GPU: nvcc builds it for
 sm_80 and sm_90, and the SASS shows the design its docstring states; the ctypes mirror of its
 launch struct matches the C++ layout; the planner's segments cover every block."""
-import ctypes
 import itertools
 import shutil
-import subprocess
 
 import pytest
 
+from tests.cpu.cuda_layout import assert_compiles, offset_asserts, size_assert
 from ws_lab.kernels import paged_cuda as pc
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (CUDA toolkit)")
@@ -37,17 +36,9 @@ def test_every_planned_kernel_builds_without_spills_and_keeps_its_design(capabil
 def test_the_ctypes_params_match_the_kernels_struct(tmp_path):
     """A translation unit that includes paged_cuda.cu and static_asserts every field offset the
     ctypes mirror uses: a reordered or retyped field fails to compile."""
-    checks = [f"static_assert(sizeof(Params<{t}>) == {ctypes.sizeof(pc._Params)}, \"size\");"
-              for t in ("__half", "__nv_bfloat16")]
-    checks += [f"static_assert(offsetof(Params<__half>, {name}) == "
-               f"{getattr(pc._Params, name).offset}, \"{name}\");"
-               for name, _ in pc._Params._fields_]
-    probe = tmp_path / "layout.cu"
-    probe.write_text(f'#include <cstddef>\n#include "{pc.SOURCE}"\nnamespace {{\n'
-                     + "\n".join(checks) + "\n}\n")
-    proc = subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-o", str(tmp_path / "x.cubin"),
-                           str(probe)], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    checks = [size_assert(f"Params<{t}>", pc._Params) for t in ("__half", "__nv_bfloat16")]
+    assert_compiles(tmp_path, f'"{pc.SOURCE}"',
+                    checks + offset_asserts("Params<__half>", pc._Params))
 
 
 def test_one_cta_per_pair_when_the_pairs_fill_the_gpu():

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ws_lab import oracle
-from ws_lab.decode_cases import TOLERANCE, check_decode, check_step, make_decode
+from ws_lab.decode_cases import TOLERANCE, check_decode, graph_replays, make_decode
 from ws_lab.kernels import fused_decode
 
 pytestmark = pytest.mark.gpu
@@ -71,18 +71,8 @@ def test_graph_replays_over_advancing_positions():
     def step():
         fused_decode.fused_decode_attention(*p.args(), out=out)
 
-    step()  # warm-up outside the capture: compiles, allocates the arrival counters
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    gen = torch.Generator(device="cuda").manual_seed(1)
-    for _ in range(STEPS):
-        for t in (p.q, p.k_new, p.v_new):
-            t.copy_(torch.randn(t.shape, generator=gen, device="cuda").to(t.dtype))
-        out.fill_(float("nan"))
-        result = check_step(p, graph.replay, out)
-        assert result.ok, (int(p.positions[0]), result)
-        p.positions.add_(1)
+    for position, result in graph_replays(p, step, out, STEPS):
+        assert result.ok, (position, result)
 
 
 def test_compiles_whole_and_once_as_positions_advance():

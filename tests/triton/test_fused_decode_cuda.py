@@ -9,7 +9,7 @@ import itertools
 import pytest
 import torch
 
-from ws_lab.decode_cases import check_decode, check_step, make_decode
+from ws_lab.decode_cases import check_decode, graph_replays, make_decode
 from ws_lab.kernels import fused_decode, fused_decode_cuda
 from ws_lab.kernels.paged import _sm_count
 
@@ -65,15 +65,5 @@ def test_graph_replays_over_advancing_positions():
     def step():
         fused_decode.fused_decode_attention(*p.args(), out=out)
 
-    step()  # outside the capture: builds and loads the cubin
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    gen = torch.Generator(device="cuda").manual_seed(1)
-    for _ in range(24):
-        for t in (p.q, p.k_new, p.v_new):
-            t.copy_(torch.randn(t.shape, generator=gen, device="cuda").to(t.dtype))
-        out.fill_(float("nan"))
-        result = check_step(p, graph.replay, out)
-        assert result.ok, (int(p.positions[0]), result)
-        p.positions.add_(1)
+    for position, result in graph_replays(p, step, out, 24):
+        assert result.ok, (position, result)
