@@ -32,8 +32,7 @@ import torch
 from ws_lab.kernels import LOG2E
 from ws_lab.kernels.cubin import CudaSource
 
-SOURCE = Path(__file__).with_suffix(".cu")
-_SOURCE = CudaSource(SOURCE)
+SOURCE = CudaSource(Path(__file__).with_suffix(".cu"))
 HEAD_DIM = 128
 BLOCK_SIZE = 16
 MAX_GROUP = 16  # the query group is the 16 rows of one mma tile
@@ -119,7 +118,7 @@ def supports(q, k_cache, v_cache) -> bool:
         validate(q, k_cache, v_cache)
     except (TypeError, ValueError):
         return False
-    return _SOURCE.buildable(torch.cuda.get_device_capability(q.device))
+    return SOURCE.buildable(torch.cuda.get_device_capability(q.device))
 
 
 def paged_attention(q, k_cache, v_cache, block_table, context_lens, out, scale) -> torch.Tensor:
@@ -143,7 +142,7 @@ def paged_attention(q, k_cache, v_cache, block_table, context_lens, out, scale) 
                      q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
                      block_table.stride(0), out.stride(0), out.stride(1))
     index = torch.cuda.current_device() if q.device.index is None else q.device.index
-    module = _SOURCE.module(index)
+    module = SOURCE.module(index)
     with torch.cuda.device(index):
         stream = torch.cuda.current_stream(q.device).cuda_stream
         module.launch(cfg.kernel_name(q.dtype), (n_seg, kv_heads, batch), cfg.num_warps * 32,
@@ -175,4 +174,4 @@ def static_report(capability=(9, 0)) -> list[dict]:
     ``capability``, ptxas's registers and spill bytes and the SASS counts of the instructions
     the design rests on: HMMA (mma.sync), LDSM (ldmatrix), LDGSTS (cp.async), BAR (CTA
     barriers: only the warps' merge after the main loop)."""
-    return _SOURCE.static_report(capability, ("HMMA", "LDSM", "LDGSTS", "BAR"))
+    return SOURCE.static_report(capability, ("HMMA", "LDSM", "LDGSTS", "BAR"))

@@ -37,7 +37,7 @@ def test_the_ctypes_params_match_the_kernels_struct(tmp_path):
     """A translation unit that includes paged_cuda.cu and static_asserts every field offset the
     ctypes mirror uses: a reordered or retyped field fails to compile."""
     checks = [size_assert(f"Params<{t}>", pc._Params) for t in ("__half", "__nv_bfloat16")]
-    assert_compiles(tmp_path, f'"{pc.SOURCE}"',
+    assert_compiles(tmp_path, f'"{pc.SOURCE.path}"',
                     checks + offset_asserts("Params<__half>", pc._Params))
 
 
