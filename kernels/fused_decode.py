@@ -34,8 +34,8 @@ out-of-range position on the host instead (it synchronizes).
 
 Static calls at the rollout's shape (D 64, B·Hkv ≥ 3/4 of the SMs, capacity ≤ 512, sm_90+) run
 the hand-written CUDA kernel instead (``fused_decode_cuda.applies``; same contract, same checks):
-in Qwen2.5-0.5B's decode step it took the step from 0.894 to 0.876 ms (NOTES.md rollout,
-session 25).
+in Qwen2.5-0.5B's decode step it took the step from 0.894 to 0.876 ms (session 25), then 0.853
+with its prologue's loads ahead of the context's (session 26; notes/rollout.md).
 """
 import math
 
@@ -306,8 +306,8 @@ def _check_positions(positions, capacity):
 
 def _launch(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, block_table, out, capacity,
             scale):
-    if block_table is None and fused_decode_cuda.applies(q, k_cache, v_cache, cos, out,
-                                                         _sm_count(q.device)):
+    if block_table is None and fused_decode_cuda.applies(
+            q, k_new, v_new, k_cache, v_cache, cos, sin, out, _sm_count(q.device)):
         return fused_decode_cuda.launch(q, k_new, v_new, k_cache, v_cache, cos, sin, positions,
                                         out, scale)
     batch, heads, head_dim = q.shape

@@ -8,10 +8,13 @@
 // tile: a KV head's query group as the 16 rows of one mma tile).
 //
 // Grid (KV head, sequence), NW warps a CTA, no segments: B·Hkv fills the GPU where it applies.
-//   - Prologue (all warps): griddepcontrol.wait (PDL: the grid launched while q|k|v's GEMM
-//     drained), the position, the first STAGES − 1 ring loads; then q's rows rotated into shared
-//     memory (rotate-half in fp32, rounded to T, rows past the group zero), the rotated k and v
-//     written to the cache at the position. One CTA barrier.
+//   - Prologue: griddepcontrol.wait (PDL: the grid launched while q|k|v's GEMM drained), the
+//     position; then one 16-byte load a thread of q's rows, the new k and v, and the cos / sin
+//     rows (NewToken), issued *before* the first STAGES − 1 ring loads: issued after them, they
+//     queued behind the context's ~64 KB a CTA and the prologue took 3.8 µs, not 0.3 (timer
+//     stamps in the rollout's step, notes/rollout.md, Session 26). Then q's rows rotated into
+//     shared memory (rotate-half in fp32, rounded to T, rows past the group zero), the rotated
+//     k and v written to the cache at the position. One CTA barrier.
 //   - Main loop: each warp owns a cp.async ring of STAGES slots; a slot holds CPS 16-token
 //     chunks of K and of V (contiguous rows). The warps walk the context's chunks round-robin,
 //     each with its own online-softmax state: no CTA barrier. Rows at and past the position are
@@ -22,7 +25,7 @@
 //   - Dependents launch after the main loop; the warps then merge in the mma fragment layout
 //     (warps 1.. leave m, l, O in shared memory, warp 0 combines and writes its group's rows).
 // Shared memory (D 64, 8 warps, 3 slots of 1 chunk): 2 KB q + 0.5 KB new k/v + 96 KB ring.
-// Registers: 96 a thread on sm_90, no spills (tests/cpu/test_fused_decode_cuda.py pins them).
+// Registers: 104 a thread on sm_90, no spills (tests/cpu/test_fused_decode_cuda.py pins them).
 #include "cuda_common.cuh"
 
 namespace {
@@ -36,13 +39,84 @@ template <typename T> struct Params {
   long long stride_qb, stride_knb, stride_vnb;
 };
 
+// 16 bytes from global memory, as an asm volatile load: it stays ahead of the cp.async ring
+// loads issued after it (the compiler may sink a plain load past them).
+__device__ __forceinline__ uint4 load16(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+// The prologue's inputs, one 16-byte piece a thread: threads [0, 16·D/8) take piece (row, p) of
+// q's 16 rows (rows past the group load nothing and store zeros), the next D/8 the new k's
+// pieces, the D/8 after them the new v's. RoPE is rotate-half: piece p's partner is p ± D/16.
+template <typename T, int D> struct NewToken {
+  static constexpr int CH16 = D / 8, Q_PIECES = 16 * CH16, THREADS = Q_PIECES + 2 * CH16;
+  static constexpr int ROW_BYTES = 2 * D;
+  uint4 x, partner, cos, sin;
+  bool is_q, is_k, live;
+  int row, p;
+
+  __device__ __forceinline__ void load(const Params<T>& a, int b, int kvh, int pos) {
+    const int idx = threadIdx.x;
+    is_q = idx < Q_PIECES;
+    is_k = !is_q && idx < Q_PIECES + CH16;
+    row = is_q ? idx / CH16 : 0;
+    p = is_q ? idx % CH16 : (idx - Q_PIECES) % CH16;
+    live = idx < THREADS && (!is_q || row < a.group);
+    x = partner = cos = sin = make_uint4(0, 0, 0, 0);
+    if (!live) return;
+    const T* src = is_q ? a.q + b * a.stride_qb + (long long)(kvh * a.group + row) * D
+                 : is_k ? a.k_new + b * a.stride_knb + (long long)kvh * D
+                        : a.v_new + b * a.stride_vnb + (long long)kvh * D;
+    x = load16(src + p * 8);
+    if (is_q || is_k) {
+      partner = load16(src + ((p + CH16 / 2) % CH16) * 8);
+      cos = load16(a.cos + (long long)pos * D + p * 8);
+      sin = load16(a.sin + (long long)pos * D + p * 8);
+    }
+  }
+
+  // q's piece (rotated, or zero past the group) into its swizzled slot of `qs`; the new k's
+  // (rotated) and v's into the cache at `pos` and, as rounded to T, into k_new_s / v_new_s.
+  __device__ __forceinline__ void store(uint8_t* qs, T* k_row, T* v_row, float* k_new_s,
+                                        float* v_new_s) const {
+    if (threadIdx.x >= THREADS) return;
+    const T* xs = reinterpret_cast<const T*>(&x);
+    const T* ps = reinterpret_cast<const T*>(&partner);
+    const T* cs = reinterpret_cast<const T*>(&cos);
+    const T* ss = reinterpret_cast<const T*>(&sin);
+    const float sign = p < CH16 / 2 ? -1.f : 1.f;
+    uint4 out;
+    T* o = reinterpret_cast<T*>(&out);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const float v = Elem<T>::to_float(xs[e]);
+      o[e] = Elem<T>::from_float(is_q || is_k ? v * Elem<T>::to_float(cs[e]) +
+                                                    sign * Elem<T>::to_float(ps[e]) *
+                                                        Elem<T>::to_float(ss[e])
+                                              : v);
+    }
+    if (is_q) {
+      *reinterpret_cast<uint4*>(qs + swizzle<ROW_BYTES>(row, p)) = out;
+      return;
+    }
+    *reinterpret_cast<uint4*>((is_k ? k_row : v_row) + p * 8) = out;
+    float* dst = (is_k ? k_new_s : v_new_s) + p * 8;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) dst[e] = Elem<T>::to_float(o[e]);
+  }
+};
+
 template <typename T, int D, int NW, int STAGES, int CPS>
 __device__ __forceinline__ void fused(const Params<T>& a) {
   constexpr int ROW_BYTES = D * 2, CHUNK_BYTES = CHUNK * ROW_BYTES;
   constexpr int SLOT = CPS * 2 * CHUNK_BYTES;  // one step: CPS chunks of K, then of V
   constexpr int CH16 = D / 8;                  // 16-byte pieces of a row
-  constexpr int KS = D / 16, NT = D / 8, HALF = D / 2;
+  constexpr int KS = D / 16, NT = D / 8;
   constexpr int Q_BYTES = 16 * ROW_BYTES;
+  static_assert(NewToken<T, D>::THREADS <= NW * 32, "a thread a piece of q, k_new, v_new");
   extern __shared__ __align__(128) uint8_t smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int kvh = blockIdx.x, b = blockIdx.y, kv_heads = gridDim.x;
@@ -84,37 +158,12 @@ __device__ __forceinline__ void fused(const Params<T>& a) {
     }
     cp_commit();
   };
+  NewToken<T, D> token;
+  token.load(a, b, kvh, pos);  // ahead of the ring's loads
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) issue(s);
 
-  // RoPE (rotate-half, fp32, then T) of the group's q rows into shared memory, swizzled as K;
-  // rows past the group are zero. The new k (rotated) and v go to the cache at the position.
-  const T* cos_row = a.cos + (long long)pos * D;
-  const T* sin_row = a.sin + (long long)pos * D;
-  for (int idx = threadIdx.x; idx < 16 * D; idx += NW * 32) {
-    const int row = idx / D, d = idx % D;
-    float value = 0.f;
-    if (row < a.group) {
-      const T* x = a.q + b * a.stride_qb + (long long)(kvh * a.group + row) * D;
-      const float partner = Elem<T>::to_float(x[(d + HALF) % D]);
-      value = Elem<T>::to_float(x[d]) * Elem<T>::to_float(cos_row[d]) +
-              (d < HALF ? -partner : partner) * Elem<T>::to_float(sin_row[d]);
-    }
-    *reinterpret_cast<T*>(qs + swizzle<ROW_BYTES>(row, d / 8) + (d % 8) * 2) =
-        Elem<T>::from_float(value);
-  }
-  for (int d = threadIdx.x; d < D; d += NW * 32) {
-    const T* x = a.k_new + b * a.stride_knb + (long long)kvh * D;
-    const float partner = Elem<T>::to_float(x[(d + HALF) % D]);
-    const T k = Elem<T>::from_float(Elem<T>::to_float(x[d]) * Elem<T>::to_float(cos_row[d]) +
-                                    (d < HALF ? -partner : partner) *
-                                        Elem<T>::to_float(sin_row[d]));
-    const T v = a.v_new[b * a.stride_vnb + (long long)kvh * D + d];
-    k_rows[(long long)pos * D + d] = k;
-    v_rows[(long long)pos * D + d] = v;
-    k_new_s[d] = Elem<T>::to_float(k);
-    v_new_s[d] = Elem<T>::to_float(v);
-  }
+  token.store(qs, k_rows + (long long)pos * D, v_rows + (long long)pos * D, k_new_s, v_new_s);
   __syncthreads();
 
   const int mat = lane >> 3, mrow = lane & 7;  // the ldmatrix 8×8 this lane addresses

@@ -5,13 +5,16 @@ Why it exists: in the rollout's decode step (Qwen2.5-0.5B, B 64, 14/2 heads, D 6
 456, 24 layers) the Triton kernel costs ~9.4 µs a layer against the 3.4 µs its 10.7 MB of K/V
 take at the read ceiling. This kernel gives each of 8 warps its own cp.async ring over 16-token
 chunks, with no CTA barrier in the main loop and no context segments to merge across CTAs. With
-it the step went from 0.894 to 0.876 ms (notes/rollout.md, Session 25, run 170).
+it the step went from 0.894 to 0.876 ms (notes/rollout.md, Session 25, run 170), and to 0.853
+with the prologue's loads issued ahead of the ring's (Session 26, runs 175 and 177).
 
 Scope (``applies``): static caches, fp16 / bf16, D 64, query groups of ≤ 16 heads, cos / sin in
 q's dtype, sm_90+ (it waits with ``griddepcontrol`` and launches with PDL), B·Hkv ≥ 3/4 of the
 SMs (one CTA per (sequence, KV head) must fill the GPU), capacity ≤ 512 tokens (measured at 456;
-longer contexts keep the Triton kernel's segments), nvcc on PATH or the cubin cached. Positions
-are clamped to [0, capacity − 1] in the kernel, as in the Triton kernel.
+longer contexts keep the Triton kernel's segments), q / k_new / v_new / the caches / cos / sin
+on 16-byte boundaries with batch strides of whole 16-byte pieces (the prologue loads 16-byte
+pieces), nvcc on PATH or the cubin cached. Positions are clamped to [0, capacity − 1] in the
+kernel, as in the Triton kernel.
 """
 import ctypes
 from pathlib import Path
@@ -53,15 +56,17 @@ def shape_applies(batch, heads, kv_heads, head_dim, capacity, dtype, rope_dtype,
             and batch * kv_heads >= SM_SHARE * sm_count and max(batch, kv_heads) <= 65535)
 
 
-def applies(q, k_cache, v_cache, cos, out, sm_count) -> bool:
+def applies(q, k_new, v_new, k_cache, v_cache, cos, sin, out, sm_count) -> bool:
     """Whether the static call goes to this kernel (inputs already validated by
     ``fused_decode._validate``)."""
     if q.device.type != "cuda" or not shape_applies(
             q.shape[0], q.shape[1], k_cache.shape[1], q.shape[2], k_cache.shape[2], q.dtype,
             cos.dtype, sm_count):
         return False
-    # cp.async moves 16-byte pieces of cache rows; the output is written as element pairs
-    if k_cache.data_ptr() % 16 or v_cache.data_ptr() % 16 or out.data_ptr() % 4:
+    # cp.async moves 16-byte pieces of cache rows, the prologue 16-byte pieces of q, k_new,
+    # v_new and the cos / sin rows; the output is written as element pairs
+    rows = (q, k_new, v_new, k_cache, v_cache, cos, sin)
+    if any(t.data_ptr() % 16 or t.stride(0) % 8 for t in rows) or out.data_ptr() % 4:
         return False
     capability = torch.cuda.get_device_capability(q.device)
     return capability >= (9, 0) and SOURCE.buildable(capability)

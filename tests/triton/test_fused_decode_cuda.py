@@ -28,7 +28,8 @@ def _problem(shape, capacity, positions, dtype):
     batch, hq, hkv = SHAPES[shape]
     p = make_decode(batch, hq, hkv, 64, capacity, _positions(positions, batch, capacity),
                     getattr(torch, dtype), "cuda")
-    if not fused_decode_cuda.applies(p.q, p.k_cache, p.v_cache, p.cos, p.q, _sm_count(p.q.device)):
+    if not fused_decode_cuda.applies(p.q, p.k_new, p.v_new, p.k_cache, p.v_cache, p.cos, p.sin,
+                                     p.q, _sm_count(p.q.device)):
         pytest.skip("outside the CUDA kernel's scope on this GPU (SM count or architecture)")
     return p
 
@@ -53,6 +54,22 @@ def test_q_k_v_as_views_of_one_qkv_buffer_and_the_op_path(dtype):
     p.q, p.k_new, p.v_new = qkv[:, :hq], qkv[:, hq:hq + hkv], qkv[:, hq + hkv:]
     result = check_decode(lambda *a, out, softmax_scale: out.copy_(
         fused_decode.fused_decode_attention(*a, softmax_scale=softmax_scale)), p)
+    assert result.ok, result
+
+
+def test_rows_off_16_bytes_go_to_the_triton_kernel():
+    """The prologue loads q, k_new and v_new in 16-byte pieces: a q|k|v buffer whose rows start
+    8 bytes off (a 4-element lead) is not the CUDA kernel's, and the call is still right."""
+    p = _problem("qwen-14/2", 456, "ragged", "bfloat16")
+    batch, hq, d = p.q.shape
+    hkv = p.k_new.shape[1]
+    buf = torch.empty(batch, 4 + (hq + 2 * hkv) * d, dtype=p.q.dtype, device="cuda")
+    qkv = buf[:, 4:].view(batch, hq + 2 * hkv, d)
+    qkv[:, :hq], qkv[:, hq:hq + hkv], qkv[:, hq + hkv:] = p.q, p.k_new, p.v_new
+    p.q, p.k_new, p.v_new = qkv[:, :hq], qkv[:, hq:hq + hkv], qkv[:, hq + hkv:]
+    assert not fused_decode_cuda.applies(p.q, p.k_new, p.v_new, p.k_cache, p.v_cache, p.cos,
+                                         p.sin, p.q, _sm_count(p.q.device))
+    result = check_decode(fused_decode.fused_decode_attention, p)
     assert result.ok, result
 
 
