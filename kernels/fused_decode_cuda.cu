@@ -11,10 +11,11 @@
 //   - Prologue: griddepcontrol.wait (PDL: the grid launched while q|k|v's GEMM drained), the
 //     position; then one 16-byte load a thread of q's rows, the new k and v, and the cos / sin
 //     rows (NewToken), issued *before* the first STAGES − 1 ring loads: issued after them, they
-//     queued behind the context's ~64 KB a CTA and the prologue took 3.8 µs, not 0.3 (timer
-//     stamps in the rollout's step, notes/rollout.md, Session 26). Then q's rows rotated into
-//     shared memory (rotate-half in fp32, rounded to T, rows past the group zero), the rotated
-//     k and v written to the cache at the position. One CTA barrier.
+//     queued behind the context's ~64 KB a CTA and the prologue took 3.8 µs, against ~0.3
+//     issued first (256 ns timer stamps in the rollout's step, notes/rollout.md, Session 26).
+//     Then q's rows rotated into shared memory (rotate-half in fp32, rounded to T, rows past
+//     the group zero), the rotated k and v written to the cache at the position. One CTA
+//     barrier.
 //   - Main loop: each warp owns a cp.async ring of STAGES slots; a slot holds CPS 16-token
 //     chunks of K and of V (contiguous rows). The warps walk the context's chunks round-robin,
 //     each with its own online-softmax state: no CTA barrier. Rows at and past the position are
