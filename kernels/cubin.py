@@ -74,6 +74,15 @@ class CudaSource:
         """nvcc on PATH, or the cubin already cached (asked on every dispatching call)."""
         return shutil.which("nvcc") is not None or self.cached_cubin(capability).exists()
 
+    def launch(self, device, name, grid, threads, smem, args, pdl=False) -> None:
+        """Launches kernel ``name`` on ``device``'s current stream (the module built and loaded
+        on first use); ``args`` are ctypes values, the kernel's parameters in order."""
+        index = torch.cuda.current_device() if device.index is None else device.index
+        module = self.module(index)
+        with torch.cuda.device(index):
+            module.launch(name, grid, threads, smem, torch.cuda.current_stream(index).cuda_stream,
+                          args, pdl=pdl)
+
     @functools.cache
     def module(self, index: int) -> "Module":
         capability = torch.cuda.get_device_capability(index)
@@ -82,24 +91,38 @@ class CudaSource:
             torch.empty(0, device=f"cuda:{index}")  # creates the primary context, makes it current
             return Module(cubin)
 
-    def static_report(self, capability, keys) -> list[dict]:
-        """No GPU needed (nvcc, cuobjdump): per exported kernel, ptxas's registers and spill
-        bytes and the SASS count of each opcode in ``keys`` (an opcode and its variants)."""
+    def _build_listing(self, capability) -> tuple[str, dict[str, list[str]]]:
+        """nvcc with ptxas's report, then the SASS: (the report, each exported kernel's opcodes
+        in program order, a predicate dropped)."""
         from ws_lab import sass
 
         with tempfile.TemporaryDirectory() as tmp:
             cubin = Path(tmp) / f"{self.path.stem}.cubin"
             ptxas_report = self.nvcc(capability, cubin, "-Xptxas", "-v")
             listing = sass.dump_sass(cubin)
+        kernels = {name: [i.split()[1] if i.startswith("@") else i.split()[0]
+                          for i in sass.sass_instructions(body) if i.split()]
+                   for name, body in re.findall(r"Function : (\w+)\n(.*?)(?=\n\s*Function : |\Z)",
+                                                listing, re.S)}
+        return ptxas_report, kernels
+
+    def kernel_opcodes(self, capability) -> dict[str, list[str]]:
+        """No GPU needed (nvcc, cuobjdump): each exported kernel's SASS opcodes in program order."""
+        return self._build_listing(capability)[1]
+
+    def static_report(self, capability, keys) -> list[dict]:
+        """No GPU needed (nvcc, cuobjdump): per exported kernel, ptxas's registers and spill
+        bytes and the SASS count of each opcode in ``keys`` (an opcode and its variants)."""
+        from ws_lab import sass
+
+        ptxas_report, kernels = self._build_listing(capability)
         usage = {m.group(1): m.group(2) for m in re.finditer(
             r"Compiling entry function '(\w+)'.*?\n(.*?Used \d+ registers[^\n]*)", ptxas_report,
             re.S)}
         reports = []
-        for name, body in re.findall(r"Function : (\w+)\n(.*?)(?=\n\s*Function : |\Z)", listing,
-                                     re.S):
+        for name, ops in kernels.items():
             summary = sass.parse_ptxas(usage.get(name, ""), sass.SassSummary())
-            opcodes = Counter(i.split()[1] if i.startswith("@") else i.split()[0]
-                              for i in sass.sass_instructions(body) if i.split())
+            opcodes = Counter(ops)
             counts = {key: sum(n for op, n in opcodes.items()
                                if op == key or op.startswith(key + ".")) for key in keys}
             reports.append(dict(kernel=name, registers=summary.registers,

@@ -89,11 +89,8 @@ def launch(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, out, scale) -
                      v_cache.data_ptr(), cos.data_ptr(), sin.data_ptr(), positions.data_ptr(),
                      out.data_ptr(), scale * LOG2E, heads // kv_heads, capacity, q.stride(0),
                      k_new.stride(0), v_new.stride(0))
-    index = torch.cuda.current_device() if q.device.index is None else q.device.index
-    module = SOURCE.module(index)
-    with torch.cuda.device(index):
-        module.launch(kernel_name(q.dtype), (kv_heads, batch, 1), NUM_WARPS * 32, smem_bytes(),
-                      torch.cuda.current_stream(q.device).cuda_stream, [params], pdl=True)
+    SOURCE.launch(q.device, kernel_name(q.dtype), (kv_heads, batch, 1), NUM_WARPS * 32,
+                  smem_bytes(), [params], pdl=True)
     return out
 
 

@@ -141,19 +141,15 @@ def paged_attention(q, k_cache, v_cache, block_table, context_lens, out, scale) 
                      scale * LOG2E, heads // kv_heads, max_blocks, per_seg,
                      q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
                      block_table.stride(0), out.stride(0), out.stride(1))
-    index = torch.cuda.current_device() if q.device.index is None else q.device.index
-    module = SOURCE.module(index)
-    with torch.cuda.device(index):
-        stream = torch.cuda.current_stream(q.device).cuda_stream
-        module.launch(cfg.kernel_name(q.dtype), (n_seg, kv_heads, batch), cfg.num_warps * 32,
-                      cfg.smem_bytes(), stream, [params])
-        if n_seg > 1:
-            module.launch(f"paged_merge_{DTYPE_NAMES[q.dtype]}", (batch * heads, 1, 1), HEAD_DIM,
-                          0, stream,
-                          [ctypes.c_uint64(p) for p in parts] + [
-                              ctypes.c_uint64(out.data_ptr()), ctypes.c_int(n_seg),
-                              ctypes.c_int(heads), ctypes.c_longlong(out.stride(0)),
-                              ctypes.c_longlong(out.stride(1))])
+    SOURCE.launch(q.device, cfg.kernel_name(q.dtype), (n_seg, kv_heads, batch),
+                  cfg.num_warps * 32, cfg.smem_bytes(), [params])
+    if n_seg > 1:
+        SOURCE.launch(q.device, f"paged_merge_{DTYPE_NAMES[q.dtype]}", (batch * heads, 1, 1),
+                      HEAD_DIM, 0,
+                      [ctypes.c_uint64(p) for p in parts] + [
+                          ctypes.c_uint64(out.data_ptr()), ctypes.c_int(n_seg),
+                          ctypes.c_int(heads), ctypes.c_longlong(out.stride(0)),
+                          ctypes.c_longlong(out.stride(1))])
     return out
 
 

@@ -29,19 +29,13 @@ def test_builds_without_spills_and_keeps_its_design():
 
 
 @needs_nvcc
-def test_the_prologue_loads_go_out_before_the_rings(tmp_path):
+def test_the_prologue_loads_go_out_before_the_rings():
     """q's pieces, the new k and v and the cos / sin rows are loaded (four 16-byte LDGs a
     thread) before the first cp.async of the context: behind the ring's ~64 KB a CTA they took
     3.8 µs in the rollout's step (notes/rollout.md, Session 26)."""
-    from ws_lab import sass
-
-    cubin = tmp_path / "fused.cubin"
-    fc.SOURCE.nvcc((9, 0), cubin)
-    listing = sass.dump_sass(cubin)
+    kernels = fc.SOURCE.kernel_opcodes((9, 0))
     for name in (fc.kernel_name(dt) for dt in fc.DTYPE_NAMES):
-        body = listing.split(f"Function : {name}\n")[1].split("Function : ")[0]
-        ops = [i.split()[1] if i.startswith("@") else i.split()[0]
-               for i in sass.sass_instructions(body) if i.split()]
+        ops = kernels[name]
         first_ring_load = next(i for i, op in enumerate(ops) if op.startswith("LDGSTS"))
         assert ops[:first_ring_load].count("LDG.E.128") == 4, (name, ops[:first_ring_load])
 

@@ -24,14 +24,29 @@ def _positions(kind, batch, capacity):
             "advancing": [100 + 5 * b for b in range(batch)]}[kind]  # 24 steps stay < 456
 
 
+def _goes_to_cuda(p):
+    return fused_decode_cuda.applies(p.q, p.k_new, p.v_new, p.k_cache, p.v_cache, p.cos, p.sin,
+                                     p.q, _sm_count(p.q.device))
+
+
 def _problem(shape, capacity, positions, dtype):
     batch, hq, hkv = SHAPES[shape]
     p = make_decode(batch, hq, hkv, 64, capacity, _positions(positions, batch, capacity),
                     getattr(torch, dtype), "cuda")
-    if not fused_decode_cuda.applies(p.q, p.k_new, p.v_new, p.k_cache, p.v_cache, p.cos, p.sin,
-                                     p.q, _sm_count(p.q.device)):
+    if not _goes_to_cuda(p):
         pytest.skip("outside the CUDA kernel's scope on this GPU (SM count or architecture)")
     return p
+
+
+def _as_views_of_one_qkv_buffer(p, lead=0):
+    """q, k_new and v_new copied into one (B, (Hq + 2·Hkv)·D) buffer, as the rollout's q|k|v
+    GEMM writes them, each row starting ``lead`` elements in; p's tensors become its views."""
+    batch, hq, d = p.q.shape
+    hkv = p.k_new.shape[1]
+    buf = torch.empty(batch, lead + (hq + 2 * hkv) * d, dtype=p.q.dtype, device="cuda")
+    qkv = buf[:, lead:].view(batch, hq + 2 * hkv, d)
+    qkv[:, :hq], qkv[:, hq:hq + hkv], qkv[:, hq + hkv:] = p.q, p.k_new, p.v_new
+    p.q, p.k_new, p.v_new = qkv[:, :hq], qkv[:, hq:hq + hkv], qkv[:, hq + hkv:]
 
 
 @pytest.mark.parametrize("dtype,shape,capacity,positions", itertools.product(
@@ -47,11 +62,7 @@ def test_q_k_v_as_views_of_one_qkv_buffer_and_the_op_path(dtype):
     """The rollout slices q, k_new and v_new out of its q|k|v GEMM's output (batch stride
     (Hq + 2·Hkv)·D) and calls without ``out`` (torch.ops.ws_lab.fused_decode)."""
     p = _problem("qwen-14/2", 456, "ragged", dtype)
-    batch, hq, d = p.q.shape
-    hkv = p.k_new.shape[1]
-    qkv = torch.empty(batch, hq + 2 * hkv, d, dtype=p.q.dtype, device="cuda")
-    qkv[:, :hq], qkv[:, hq:hq + hkv], qkv[:, hq + hkv:] = p.q, p.k_new, p.v_new
-    p.q, p.k_new, p.v_new = qkv[:, :hq], qkv[:, hq:hq + hkv], qkv[:, hq + hkv:]
+    _as_views_of_one_qkv_buffer(p)
     result = check_decode(lambda *a, out, softmax_scale: out.copy_(
         fused_decode.fused_decode_attention(*a, softmax_scale=softmax_scale)), p)
     assert result.ok, result
@@ -61,14 +72,8 @@ def test_rows_off_16_bytes_go_to_the_triton_kernel():
     """The prologue loads q, k_new and v_new in 16-byte pieces: a q|k|v buffer whose rows start
     8 bytes off (a 4-element lead) is not the CUDA kernel's, and the call is still right."""
     p = _problem("qwen-14/2", 456, "ragged", "bfloat16")
-    batch, hq, d = p.q.shape
-    hkv = p.k_new.shape[1]
-    buf = torch.empty(batch, 4 + (hq + 2 * hkv) * d, dtype=p.q.dtype, device="cuda")
-    qkv = buf[:, 4:].view(batch, hq + 2 * hkv, d)
-    qkv[:, :hq], qkv[:, hq:hq + hkv], qkv[:, hq + hkv:] = p.q, p.k_new, p.v_new
-    p.q, p.k_new, p.v_new = qkv[:, :hq], qkv[:, hq:hq + hkv], qkv[:, hq + hkv:]
-    assert not fused_decode_cuda.applies(p.q, p.k_new, p.v_new, p.k_cache, p.v_cache, p.cos,
-                                         p.sin, p.q, _sm_count(p.q.device))
+    _as_views_of_one_qkv_buffer(p, lead=4)
+    assert not _goes_to_cuda(p)
     result = check_decode(fused_decode.fused_decode_attention, p)
     assert result.ok, result
 
