@@ -46,18 +46,27 @@ class CudaSource:
                                                  Path.home() / ".cache" / "ws_lab"))
         return cache / self.path.stem / f"{digest}_sm{capability[0]}{capability[1]}.cubin"
 
-    def nvcc(self, capability, cubin: Path, *options) -> str:
-        """Builds the source into ``cubin``; returns nvcc's stderr (ptxas's report with
-        ``-Xptxas -v``). RuntimeError if nvcc is missing or fails."""
+    def nvcc(self, capability, cubin: Path, *options, kind="-cubin") -> str:
+        """Builds the source into ``cubin`` (PTX with ``kind="-ptx"``); returns nvcc's stderr
+        (ptxas's report with ``-Xptxas -v``). RuntimeError if nvcc is missing or fails."""
         nvcc = shutil.which("nvcc")
         if nvcc is None:
             raise RuntimeError(f"{self.path.name} is compiled on first use and needs nvcc on "
                                "PATH (the CUDA toolkit)")
-        proc = subprocess.run([nvcc, "-cubin", arch_flag(capability), "-O3", *options, "-o",
+        proc = subprocess.run([nvcc, kind, arch_flag(capability), "-O3", *options, "-o",
                                str(cubin), str(self.path)], capture_output=True, text=True)
         if proc.returncode:
             raise RuntimeError(f"nvcc failed on {self.path.name}:\n{proc.stderr[-2000:]}")
         return proc.stderr
+
+    def ptx_entries(self, capability) -> dict[str, str]:
+        """No GPU needed (nvcc): each exported kernel's PTX, for what the SASS keeps in uniform
+        registers (an instruction's L2 cache policy, say)."""
+        with tempfile.TemporaryDirectory() as tmp:
+            ptx = Path(tmp) / f"{self.path.stem}.ptx"
+            self.nvcc(capability, ptx, kind="-ptx")
+            text = ptx.read_text()
+        return dict(re.findall(r"\.entry (\w+)\((.*?)(?=\.entry |\Z)", text, re.S))
 
     def compile(self, capability, cache_dir=None) -> Path:
         """The cubin for a compute capability, built once per source hash and architecture."""

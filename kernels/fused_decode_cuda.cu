@@ -17,8 +17,9 @@
 //     the group zero), the rotated k and v written to the cache at the position. One CTA
 //     barrier.
 //   - Main loop: each warp owns a cp.async ring of STAGES slots; a slot holds CPS 16-token
-//     chunks of K and of V (contiguous rows). The warps walk the context's chunks round-robin,
-//     each with its own online-softmax state: no CTA barrier. Rows at and past the position are
+//     chunks of K and of V (contiguous rows), loaded with an L2 evict_first policy. The warps
+//     walk the context's chunks round-robin, each with its own online-softmax state: no CTA
+//     barrier. Rows at and past the position are
 //     zero-filled by cp.async (nothing read) and masked; no program reads the slot it writes.
 //     Warp 0 opens its state with the new token from registers (m = its score, l = 1, O = v).
 //   - QK^T and PV: mma.sync m16n8k16, P kept in registers as PV's A operand; K/V chunks
@@ -139,6 +140,10 @@ __device__ __forceinline__ void fused(const Params<T>& a) {
   const int pos = min(max(a.positions[b], 0), a.capacity - 1);
   const int n_steps = (pos + CPS * CHUNK - 1) / (CPS * CHUNK);
   const int my_steps = n_steps > warp ? (n_steps - warp + NW - 1) / NW : 0;
+  // The context is read once a step: evict_first keeps it from pushing the weights that the
+  // side stream's prefetch put in L2 for the GEMMs after this kernel (−3 to −5 µs a rollout
+  // step, notes/rollout.md, Session 27).
+  const uint64_t read_once = l2_evict_first_policy();
   auto issue = [&](int step) {
     if (step < my_steps) {
       uint8_t* slot = ring + (step % STAGES) * SLOT;
@@ -152,8 +157,8 @@ __device__ __forceinline__ void fused(const Params<T>& a) {
           const int idx = lane + 32 * i, row = idx / CH16, piece = idx % CH16;
           const bool valid = tok0 + row < pos;
           const long long off = valid ? (long long)(tok0 + row) * D + piece * 8 : 0;
-          cp_async16(k_dst + swizzle<ROW_BYTES>(row, piece), k_rows + off, valid);
-          cp_async16(v_dst + swizzle<ROW_BYTES>(row, piece), v_rows + off, valid);
+          cp_async16(k_dst + swizzle<ROW_BYTES>(row, piece), k_rows + off, valid, read_once);
+          cp_async16(v_dst + swizzle<ROW_BYTES>(row, piece), v_rows + off, valid, read_once);
         }
       }
     }

@@ -41,6 +41,21 @@ def test_the_prologue_loads_go_out_before_the_rings():
 
 
 @needs_nvcc
+def test_the_context_loads_ask_the_l2_to_evict_them_first():
+    """Every cp.async of the context ring carries an L2 evict_first policy: a decode step reads
+    its context once, and the weights the rollout's side stream prefetched for the GEMMs after
+    the attention stay in L2 (−3 to −5 µs a step, notes/rollout.md, Session 27). The SASS keeps
+    the policy in a uniform register, so this reads the PTX."""
+    entries = fc.SOURCE.ptx_entries((9, 0))
+    for name in (fc.kernel_name(dt) for dt in fc.DTYPE_NAMES):
+        ptx = entries[name]
+        assert "createpolicy.fractional.L2::evict_first" in ptx, name
+        ring_loads = ptx.count("cp.async.cg.shared.global")
+        assert ring_loads >= 2, name
+        assert ptx.count("cp.async.cg.shared.global.L2::cache_hint") == ring_loads, name
+
+
+@needs_nvcc
 def test_the_ctypes_params_match_the_kernels_struct(tmp_path):
     checks = [size_assert(f"Params<{t}>", fc._Params) for t in ("__half", "__nv_bfloat16")]
     assert_compiles(tmp_path, f'"{fc.SOURCE.path}"',
