@@ -17,9 +17,11 @@
 //     the group zero), the rotated k and v written to the cache at the position. One CTA
 //     barrier.
 //   - Main loop: each warp owns a cp.async ring of STAGES slots; a slot holds CPS 16-token
-//     chunks of K and of V (contiguous rows), loaded with an L2 evict_first policy. The warps
-//     walk the context's chunks round-robin, each with its own online-softmax state: no CTA
-//     barrier. Rows at and past the position are
+//     chunks of K and of V (contiguous rows), loaded with an L2 evict_first policy. Every slot
+//     is filled before the loop (a context of ≤ NW·STAGES chunks, 384 tokens at 8 × 3, is
+//     asked for at once; −3 µs a rollout step against STAGES − 1, Session 27), and a slot is
+//     refilled once its chunk is consumed. The warps walk the context's chunks round-robin,
+//     each with its own online-softmax state: no CTA barrier. Rows at and past the position are
 //     zero-filled by cp.async (nothing read) and masked; no program reads the slot it writes.
 //     Warp 0 opens its state with the new token from registers (m = its score, l = 1, O = v).
 //   - QK^T and PV: mma.sync m16n8k16, P kept in registers as PV's A operand; K/V chunks
@@ -27,7 +29,7 @@
 //   - Dependents launch after the main loop; the warps then merge in the mma fragment layout
 //     (warps 1.. leave m, l, O in shared memory, warp 0 combines and writes its group's rows).
 // Shared memory (D 64, 8 warps, 3 slots of 1 chunk): 2 KB q + 0.5 KB new k/v + 96 KB ring.
-// Registers: 104 a thread on sm_90, no spills (tests/cpu/test_fused_decode_cuda.py pins them).
+// Registers: 108 a thread on sm_90, no spills (tests/cpu/test_fused_decode_cuda.py pins them).
 #include "cuda_common.cuh"
 
 namespace {
@@ -167,7 +169,7 @@ __device__ __forceinline__ void fused(const Params<T>& a) {
   NewToken<T, D> token;
   token.load(a, b, kvh, pos);  // ahead of the ring's loads
 #pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) issue(s);
+  for (int s = 0; s < STAGES; ++s) issue(s);  // every slot: a whole context of ≤ NW·STAGES chunks
 
   token.store(qs, k_rows + (long long)pos * D, v_rows + (long long)pos * D, k_new_s, v_new_s);
   __syncthreads();
@@ -209,11 +211,12 @@ __device__ __forceinline__ void fused(const Params<T>& a) {
   }
 
   for (int step = 0; step < my_steps; ++step) {
-    cp_wait<STAGES - 2>();
+    cp_wait<STAGES - 1>();
     __syncwarp();
-    issue(step + STAGES - 1);
     const int first_tok = (warp + NW * step) * CPS * CHUNK;
     attend_step<T, D, CPS>(st, qa, ring + (step % STAGES) * SLOT, first_tok, pos, a.scale_log2);
+    __syncwarp();  // every lane is done with the slot before it is refilled
+    issue(step + STAGES);
   }
 #if __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
