@@ -56,11 +56,13 @@ def _add_rmsnorm_kernel(X, Residual, Weight, Out, eps, n_cols, part_stride, ADD:
 
 
 # The paced L2 prefetch: PREFETCH_PROGRAMS programs each ask for a PREFETCH_PIECE every
-# PREFETCH_GAP SM cycles, ~1.1 TB/s together at 1.755 GHz. Faster queues the step's own loads
+# PREFETCH_GAP SM cycles, ~1.3 TB/s together at 1.755 GHz. Faster queues the step's own loads
 # behind it, slower lets a step's 24 prefetches outlast the step (NOTES.md rollout, session 18).
+# 835 cycles (~1.1 TB/s) was best until the attention's context went evict_first in L2; since,
+# 700–750 take 9.5 µs off the rollout's step and 1000 adds 32 (notes/rollout.md, Session 27).
 PREFETCH_PROGRAMS = 8
 PREFETCH_PIECE = 64 * 1024
-PREFETCH_GAP = 835
+PREFETCH_GAP = 700
 
 
 @triton.jit
@@ -100,7 +102,7 @@ def _prefetch_l2_kernel(Base, nbytes, PIECE: tl.constexpr, GAP: tl.constexpr):
 
 
 def prefetch_l2(t: torch.Tensor):
-    """Asks the L2 for a contiguous tensor's bytes at a paced ~1.1 TB/s (sm_90; elsewhere a
+    """Asks the L2 for a contiguous tensor's bytes at a paced ~1.3 TB/s (sm_90; elsewhere a
     no-op): a hint that changes no result. A decode step's kernels are latency-bound and leave
     HBM idle most of the time, and a GEMM whose weights are already in L2 runs faster
     (Qwen2.5-0.5B, B 64, µs cold / in L2: q|k|v 4.65 / 3.59, gate|up 10.15 / 8.01, down
