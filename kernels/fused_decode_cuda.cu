@@ -10,7 +10,7 @@
 // Grid (KV head, sequence), NW warps a CTA, no segments: B·Hkv fills the GPU where it applies.
 //   - Prologue: griddepcontrol.wait (PDL: the grid launched while q|k|v's GEMM drained), the
 //     position; then one 16-byte load a thread of q's rows, the new k and v, and the cos / sin
-//     rows (NewToken), issued *before* the first STAGES − 1 ring loads: issued after them, they
+//     rows (NewToken), issued *before* the ring's loads: issued after them, they
 //     queued behind the context's ~64 KB a CTA and the prologue took 3.8 µs, against ~0.3
 //     issued first (256 ns timer stamps in the rollout's step, notes/rollout.md, Session 26).
 //     Then q's rows rotated into shared memory (rotate-half in fp32, rounded to T, rows past
