@@ -116,6 +116,73 @@ def prefetch_l2(t: torch.Tensor):
                                                   GAP=PREFETCH_GAP, num_warps=1)
 
 
+# The paced prefetch of one layer's cached context: CONTEXT_PREFETCH_PROGRAMS programs each ask
+# for one (sequence, KV head)'s K and V rows every CONTEXT_PREFETCH_GAP cycles, ~1.3 TB/s at
+# the rollout's mean 84 KB a row pair. In the rollout's step, forked once gate|up(i) is done,
+# layer i + 1's context lands in L2 over down(i) and q|k|v(i + 1), when HBM carries only the
+# weight prefetch: −29 to −33 µs a step. Gaps 600–1200 and 4–16 programs are within 4 µs of
+# each other (900 the fastest in two runs); 1800–2400 arrive late (notes/rollout.md,
+# Session 29).
+CONTEXT_PREFETCH_PROGRAMS = 8
+CONTEXT_PREFETCH_GAP = 900
+MAX_BULK_PREFETCH = 512 * 1024  # one cp.async.bulk.prefetch asks for < 1 MB (16 bits of 16 B)
+
+
+@triton.jit
+def _prefetch_context_l2_kernel(KCache, VCache, Positions, rows, heads, capacity, row_bytes,
+                                TOKEN_BYTES: tl.constexpr, PIECE: tl.constexpr,
+                                GAP: tl.constexpr):
+    """Program p asks the L2 for rows p, p + P, … of the (B·Hkv, capacity, D) caches: K and V
+    of tokens [0, position) of the row's sequence (the position clamped to the capacity), in
+    pieces of ≤ PIECE bytes, one row every GAP cycles."""
+    t0 = _clock()
+    row = tl.program_id(0)
+    issued = 0
+    while row < rows:
+        tokens = tl.minimum(tl.maximum(tl.load(Positions + row // heads), 0), capacity)
+        size = tokens.to(tl.int64) * TOKEN_BYTES
+        base = row.to(tl.int64) * row_bytes
+        start = tl.full((), 0, tl.int64)
+        while start < size:
+            piece = tl.minimum(size - start, PIECE).to(tl.int32)
+            _bulk_prefetch_l2(KCache.to(tl.pointer_type(tl.int8)) + base + start, piece)
+            _bulk_prefetch_l2(VCache.to(tl.pointer_type(tl.int8)) + base + start, piece)
+            start += PIECE
+        issued += 1
+        now = t0
+        while now - t0 < issued * GAP:
+            now = _clock()
+        row += tl.num_programs(0)
+
+
+def prefetch_context_l2(k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor):
+    """Asks the L2 for one layer's cached context, K and V rows [0, positions[b]) of every
+    (b, KV head) of contiguous (B, Hkv, capacity, D) caches, at a paced ~1.3 TB/s (sm_90;
+    elsewhere a no-op): a hint that changes no result. Launch it on a side stream a few kernels
+    ahead of the attention that reads the context."""
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(f"prefetch_context_l2: K and V caches of one (B, Hkv, capacity, D) shape "
+                         f"expected, got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("prefetch_context_l2: contiguous K and V caches expected")
+    if k_cache.dtype != v_cache.dtype or k_cache.device != v_cache.device:
+        raise TypeError(f"prefetch_context_l2: K and V caches differ: {k_cache.dtype} on "
+                        f"{k_cache.device}, {v_cache.dtype} on {v_cache.device}")
+    batch, heads, capacity, dim = k_cache.shape
+    if positions.dtype != torch.int32 or positions.shape != (batch,):
+        raise TypeError(f"prefetch_context_l2: positions must be int32 of shape ({batch},), got "
+                        f"{positions.dtype} of shape {tuple(positions.shape)}")
+    if positions.device != k_cache.device:
+        raise ValueError(f"prefetch_context_l2: positions on {positions.device}, caches on "
+                         f"{k_cache.device}")
+    token_bytes = dim * k_cache.element_size()
+    if batch * heads and token_bytes % 16 == 0 and _has_pdl(k_cache.device):
+        _prefetch_context_l2_kernel[(CONTEXT_PREFETCH_PROGRAMS,)](
+            k_cache, v_cache, positions, batch * heads, heads, capacity, capacity * token_bytes,
+            TOKEN_BYTES=token_bytes, PIECE=MAX_BULK_PREFETCH, GAP=CONTEXT_PREFETCH_GAP,
+            num_warps=1)
+
+
 @triton.jit
 def _silu_mul(gate, up):
     """silu(gate) · up as HF's Qwen2 MLP rounds it: silu in fp32 of the dtype-rounded gate, cast
@@ -353,7 +420,7 @@ def static_specs(hidden=896, intermediate=4864, dtype="bfloat16"):
     """sm_90 specializations for the static report: the gate|up GEMM (SwiGLU epilogue), the
     split-K down GEMM and the split-K o GEMM (one K tile a program: its weights load before the
     PDL wait) at Qwen2.5-0.5B's sizes, with the configs the rule picks on an H100, and the
-    paced L2 prefetch."""
+    paced L2 prefetches of the weights and of a layer's cached context."""
     from ws_lab.triton_static import StaticSpec
 
     elem = {"float16": "*fp16", "bfloat16": "*bf16"}[dtype]
@@ -374,4 +441,9 @@ def static_specs(hidden=896, intermediate=4864, dtype="bfloat16"):
                                 divisible=("N", "K", "k_per_split", "stride_xm")))
     specs.append(StaticSpec("prefetch_l2", _prefetch_l2_kernel, dict(Base=elem, nbytes="i32"),
                             dict(PIECE=PREFETCH_PIECE, GAP=PREFETCH_GAP), dict(num_warps=1)))
+    specs.append(StaticSpec("prefetch_context_l2", _prefetch_context_l2_kernel,
+                            dict(KCache=elem, VCache=elem, Positions="*i32", rows="i32",
+                                 heads="i32", capacity="i32", row_bytes="i32"),
+                            dict(TOKEN_BYTES=128, PIECE=MAX_BULK_PREFETCH,
+                                 GAP=CONTEXT_PREFETCH_GAP), dict(num_warps=1)))
     return specs

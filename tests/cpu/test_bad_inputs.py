@@ -444,6 +444,26 @@ def test_prefetch_l2_refuses_a_strided_tensor():
         decode_layer.prefetch_l2(torch.empty(8, 8).t())
 
 
+_CACHE = torch.empty(2, 2, 8, 64, dtype=torch.bfloat16)
+_POS = torch.full((2,), 3, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("k, v, positions, error, message", [
+    (_CACHE, torch.empty(2, 2, 9, 64, dtype=torch.bfloat16), _POS, ValueError, "one .* shape"),
+    (_CACHE[0], _CACHE[0], _POS, ValueError, "one .* shape"),
+    (_CACHE, _CACHE.transpose(2, 3).contiguous().transpose(2, 3), _POS, ValueError, "contiguous"),
+    (_CACHE, _CACHE.half(), _POS, TypeError, "caches differ"),
+    (_CACHE, _CACHE, _POS.long(), TypeError, "positions must be int32"),
+    (_CACHE, _CACHE, _POS[:1], TypeError, r"shape \(2,\)"),
+    (_CACHE, _CACHE, _POS.to("meta"), ValueError, "positions on meta"),
+])
+def test_prefetch_context_l2_refuses(k, v, positions, error, message):
+    from ws_lab.kernels import decode_layer
+
+    with pytest.raises(error, match=message):
+        decode_layer.prefetch_context_l2(k, v, positions)
+
+
 def test_linear_refuses_mixed_dtypes(monkeypatch):
     from ws_lab.kernels import decode_layer
 

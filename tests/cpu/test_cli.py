@@ -192,8 +192,10 @@ def test_decode_bench_without_a_gpu_writes_the_fused_kernels_static_report(tmp_p
 def test_rollout_bench_without_a_gpu_writes_the_step_kernels_static_report(tmp_path):
     records, done = _static_json(tmp_path, "bench/rollout.py")
     assert [r["kernel"] for r in records] == ["linear_gate_up", "linear_down", "linear_o",
-                                              "prefetch_l2", "fused_decode"]
+                                              "prefetch_l2", "prefetch_context_l2",
+                                              "fused_decode"]
     assert "no CUDA device" in done.stdout and "UBLKPF 1" in records[3]["report"]
+    assert "UBLKPF 0" not in records[4]["report"] and "UBLKPF" in records[4]["report"]
     assert "HGMMA: 64x64x16.F32.BF16" in records[0]["report"]
 
 

@@ -2,7 +2,7 @@
 the same 256 tokens (teacher forcing), the fused-kernel loop's logits match the SDPA loop's at
 every step (rel-L2 ≤ LOGITS_TOLERANCE: bf16 through 24 layers, RoPE rounded in fp32 by the
 kernel and in bf16 by torch), and the SDPA loop's match HF's own forward over the same tokens;
-the weight prefetch changes no logit; top-k draws come from each step's k largest."""
+the L2 prefetches change no logit; top-k draws come from each step's k largest."""
 import pytest
 import torch
 
@@ -54,19 +54,36 @@ def test_sdpa_loop_logits_match_hf_forward(runs):
     assert max(errors) <= LOGITS_TOLERANCE, (max(errors), errors.index(max(errors)))
 
 
-def test_weight_prefetch_changes_no_logit(hf):
-    """The side stream's L2 prefetch (forked and joined inside the captured step) is a hint:
-    the same forced tokens give bitwise the same logits with it and without."""
+def test_l2_prefetches_change_no_logit(hf):
+    """The side streams' L2 prefetches, of the weights and of the next layer's context (forked
+    and joined inside the captured step), are hints: the same forced tokens give bitwise the
+    same logits with each of them and without."""
     vocab = hf.config.vocab_size
     prompts = torch.randint(0, vocab, (BATCH, PROMPT), device="cuda")
     forced = torch.randint(0, vocab, (BATCH, 16), device="cuda")
     model = DecodeModel(hf, BATCH, PROMPT + 16, "fused")
     logits = []
-    for span in (PREFETCH, None):
+    for span, context in ((PREFETCH, True), (None, True), (PREFETCH, False), (None, False)):
         model.set_prefetch(span)
+        model.prefetch_context = context
         logits.append(generate(model, prompts, 16, Sampling(temperature=0), eos_id=vocab,
                                forced=forced, keep_logits=True).logits)
-    assert torch.equal(logits[0], logits[1])
+    assert all(torch.equal(logits[0], other) for other in logits[1:])
+
+
+@pytest.mark.parametrize("capacity", [40, 9000])  # 9000 tokens: rows over one bulk prefetch
+def test_context_prefetch_clamps_positions_to_the_cache(capacity):
+    """Positions below 0 or past the capacity ask for nothing outside a row, and rows longer
+    than one bulk prefetch go in pieces: the launch completes without a fault."""
+    from ws_lab.kernels import decode_layer
+
+    k = torch.randn(3, 2, capacity, 64, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    positions = torch.tensor([-5, capacity // 2, capacity + 1000], device="cuda",
+                             dtype=torch.int32)
+    decode_layer.prefetch_context_l2(k, v, positions)
+    torch.cuda.synchronize()
+    assert torch.isfinite(k).all() and torch.isfinite(v).all()
 
 
 def test_top_k_loop_draws_each_token_from_its_steps_k_largest(hf):

@@ -14,6 +14,10 @@ Attention is ``"fused"`` (kernels/fused_decode.py: RoPE, the cache write and att
 [0, position] in one launch) or ``"sdpa"`` (HF's path: RoPE in torch, a scatter into the static
 cache, SDPA over the whole cache under a mask). Both keep HF StaticCache's layout, per layer
 (B, Hkv, Lmax, D), filled from the prefill that runs through the model's own forward.
+
+On CUDA two side streams, forked and joined inside the step, ask the L2 ahead of time for what
+HBM would otherwise serve on the critical path: the next GEMMs' weights (``PREFETCH``) and the
+next layer's cached context. Both are hints: the logits are bitwise the same without them.
 """
 from __future__ import annotations
 
@@ -57,7 +61,10 @@ class DecodeModel:
         self.lm_head = hf_model.lm_head.weight
         self.layers = [self._fuse(layer) for layer in inner.layers]
         self._pack()
-        self.side = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        cuda = self.device.type == "cuda"
+        self.side = torch.cuda.Stream(self.device) if cuda else None
+        self.context_side = torch.cuda.Stream(self.device) if cuda else None
+        self.prefetch_context = True  # the context hint above; False for its ablation
         shape = (len(self.layers), batch, self.kv_heads, capacity, self.head_dim)
         self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.v_cache = torch.zeros_like(self.k_cache)
@@ -146,8 +153,10 @@ class DecodeModel:
             attn = self._attend(i, q, k, v, positions, rope)
             hidden = self._linear(attn.reshape(batch, q_size), w["o_w"], into_norm=True)
             normed = self.ops.add_rmsnorm(hidden, w["norm_post"], self.eps, residual)
-            hidden = self._linear(self._linear(normed, w["gate_up_w"], glu=True), w["down_w"],
-                                  into_norm=True)
+            gate_up = self._linear(normed, w["gate_up_w"], glu=True)
+            if i + 1 < len(self.layers):
+                self._prefetch_context(i + 1, positions)
+            hidden = self._linear(gate_up, w["down_w"], into_norm=True)
         normed = self.ops.add_rmsnorm(hidden, self.norm, self.eps, residual)
         self.logit_chunk_max = self._chunk_max_buffer(batch)
         if self.logit_chunk_max is not None:
@@ -156,6 +165,8 @@ class DecodeModel:
             logits = self._linear(normed, self.lm_head)
         if self.side is not None and self.layers[0]["prefetch"] is not None:
             torch.cuda.current_stream().wait_stream(self.side)  # a captured fork must join
+        if self.context_side is not None and self.prefetch_context and len(self.layers) > 1:
+            torch.cuda.current_stream().wait_stream(self.context_side)
         return logits
 
     def _chunk_max_buffer(self, batch):
@@ -178,6 +189,18 @@ class DecodeModel:
         self.side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self.side):
             self.ops.prefetch_l2(weights)
+
+    def _prefetch_context(self, layer, positions):
+        """Launches ``prefetch_context_l2`` of ``layer``'s caches on the second side stream,
+        once what the current stream has queued is done. Called after layer - 1's gate|up, it
+        puts the context that ``layer``'s attention reads into L2 over down and q|k|v, when HBM
+        carries only the weight prefetch; during the attention itself HBM is saturated
+        (−29 to −33 µs a Qwen2.5-0.5B step at B 64, notes/rollout.md, Session 29)."""
+        if self.context_side is None or not self.prefetch_context:
+            return
+        self.context_side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.context_side):
+            self.ops.prefetch_context_l2(self.k_cache[layer], self.v_cache[layer], positions)
 
     def _linear(self, x, weight, bias=None, glu=False, into_norm=False):
         """x @ weight.T (+ bias; SwiGLU over [gate | up] with ``glu``). ``into_norm``: the
