@@ -297,7 +297,7 @@ def linear_config(n, k, glu, split_ok, sm_count) -> LinearConfig:
     lm_head 128 (110 µs; 64: 120, cuBLAS 117), gate|up 64 (9.5 µs against 11.8 at 32), q|k|v
     16 (4.3 µs; 32: 4.6) — else, with ``split_ok``, 32-column slices with K split into ≤ 2·SMs
     programs of whole BLOCK_K chunks (128 up to K 1024, else 64): o 32 × 7 splits (4.7 µs with
-    its norm), down 32 × 4 on 6 stages (8.0 µs with its norm; 4 stages 9.2)."""
+    its norm), down 32 × 4 on 10 stages (8.0 µs with its norm on 6 stages; 4 stages 9.2)."""
     block_k = 128 if k <= 1024 and k % 128 == 0 else 64
     for block_n in (128, 64, 32, 16):
         if n % block_n == 0 and n // block_n >= sm_count // 2:
@@ -313,11 +313,14 @@ def linear_config(n, k, glu, split_ok, sm_count) -> LinearConfig:
     chunks = k // block_k
     splits = max(d for d in range(1, chunks + 1)
                  if chunks % d == 0 and (n // block_n) * d <= 2 * sm_count)
-    # many K chunks a program (down: 19): a deeper cp.async pipeline, 8.0 against 9.2 µs; one
-    # (o): nothing to pipeline, its weight tile loads before the PDL wait (``linear``) and 2
-    # stages leave room for 3 programs an SM: −11 µs a decode step against 4 stages without the
-    # early load (NOTES.md rollout, session 21)
-    stages = 6 if chunks // splits > 8 else 2 if chunks == splits else 4
+    # many K chunks a program (down: 19): a deep cp.async pipeline. 6 stages against 4: 8.0
+    # against 9.2 µs alone. 10 stages (120 KB, still room beside gate|up's 96 KB for the early
+    # programs) against 6: −12 µs a rollout step since the next layer's context is prefetched
+    # beside down (9 / 12 stages: −6 / −8; notes/rollout.md, Session 29). One (o): nothing to
+    # pipeline, its weight tile loads before the PDL wait (``linear``) and 2 stages leave room
+    # for 3 programs an SM: −11 µs a decode step against 4 stages without the early load
+    # (NOTES.md rollout, session 21)
+    stages = 10 if chunks // splits > 8 else 2 if chunks == splits else 4
     return LinearConfig(block_n, block_k, splits, num_stages=stages)
 
 

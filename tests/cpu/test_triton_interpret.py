@@ -171,23 +171,27 @@ def test_fused_decode_static_report_compiles_for_sm90(tmp_path):
 
 def test_decode_layer_static_report_pipelines_and_prefetches(tmp_path):
     """Specialized as a launch is (16-byte aligned pointers, K divisible by 16), the decode
-    GEMMs load through cp.async on a multi-stage pipeline with nothing spilled; the o GEMM (one
-    K tile a program) loads its weight tile before ``griddepcontrol.wait`` (ACQBULK), the others
-    nothing; the split-K GEMMs (down, o) let their dependents launch (PREEXIT) before their
-    wait, gate|up after its main loop; the L2 prefetch is one bulk prefetch instruction in its
-    issue loop."""
+    GEMMs load through cp.async on a multi-stage pipeline with nothing spilled; down's 10
+    stages still fit an SM beside gate|up's, whose programs it launches early beside; the o GEMM
+    (one K tile a program) loads its weight tile before ``griddepcontrol.wait`` (ACQBULK), the
+    others nothing; the split-K GEMMs (down, o) let their dependents launch (PREEXIT) before
+    their wait, gate|up after its main loop; the weight prefetch is one bulk prefetch
+    instruction in its issue loop, the context prefetch bulk prefetches of K and V rows."""
     from ws_lab import triton_static
     from ws_lab.kernels import decode_layer
 
     specs = decode_layer.static_specs()
-    gate_up, down, o, prefetch = [triton_static.report(s, tmp_path / s.name) for s in specs]
-    for text, stages in ((gate_up, 4), (down, 6)):
+    gate_up, down, o, prefetch, context = [triton_static.report(s, tmp_path / s.name)
+                                           for s in specs]
+    smem = {}
+    for name, text, stages in (("gate_up", gate_up, 4), ("down", down, 10)):
         assert int(re.search(r"LDGSTS (\d+)", text).group(1)) > 0, text
         assert "STL 0" in text and "HGMMA: 64x" in text, text
-        smem = int(re.search(r"dynamic smem (\d+)", text).group(1))
-        assert smem >= stages * 64 * 64 * 2, text  # one 64-row activation tile a stage, at least
+        smem[name] = int(re.search(r"dynamic smem (\d+)", text).group(1))
+        assert smem[name] >= stages * 64 * 64 * 2, text  # one 64-row activation tile a stage
     # gate|up (three 64 x 64 tiles a stage) stays at 96 KB: an SM keeps room for its dependent
-    assert int(re.search(r"dynamic smem (\d+)", gate_up).group(1)) <= 96 * 1024, gate_up
+    assert smem["gate_up"] <= 96 * 1024, gate_up
+    assert smem["gate_up"] + smem["down"] + 2 * 1024 <= 228 * 1024, (smem, down)
     assert "STL 0" in o and "HGMMA: 64x32x16" in o, o
     for spec, early, split in zip(specs[:3], (0, 0, 4), (False, True, True)):
         sass, wait = _sass_and_wait(tmp_path / spec.name)
@@ -196,6 +200,8 @@ def test_decode_layer_static_report_pipelines_and_prefetches(tmp_path):
         assert sum("LDG" in line for line in sass[:wait]) == early, (spec.name, sass[:wait])
         assert (trigger < wait) == split, (spec.name, trigger, wait)
     assert "UBLKPF 1" in prefetch, prefetch
+    assert int(re.search(r"UBLKPF (\d+)", context).group(1)) >= 2, context
+    assert "STL 0" in context, context
 
 
 def test_sampler_lets_the_bookkeeping_launch_early(tmp_path):
