@@ -72,6 +72,14 @@ def _clock():
 
 
 @triton.jit
+def _spin_until(t0, cycles):
+    """Spins until ``cycles`` SM clocks have passed since ``t0`` (a prefetch's pace)."""
+    now = t0
+    while now - t0 < cycles:
+        now = _clock()
+
+
+@triton.jit
 def _bulk_prefetch_l2(Base, nbytes):
     """One ``cp.async.bulk.prefetch.L2`` of [Base, + nbytes) (a multiple of 16, ≤ 1 MB), from
     the program's first thread."""
@@ -95,9 +103,7 @@ def _prefetch_l2_kernel(Base, nbytes, PIECE: tl.constexpr, GAP: tl.constexpr):
         size = tl.minimum(nbytes - start, PIECE).to(tl.int32)
         _bulk_prefetch_l2(Base.to(tl.pointer_type(tl.int8)) + start, size)
         issued += 1
-        now = t0
-        while now - t0 < issued * GAP:
-            now = _clock()
+        _spin_until(t0, issued * GAP)
         piece += tl.num_programs(0)
 
 
@@ -149,9 +155,7 @@ def _prefetch_context_l2_kernel(KCache, VCache, Positions, rows, heads, capacity
             _bulk_prefetch_l2(VCache.to(tl.pointer_type(tl.int8)) + base + start, piece)
             start += PIECE
         issued += 1
-        now = t0
-        while now - t0 < issued * GAP:
-            now = _clock()
+        _spin_until(t0, issued * GAP)
         row += tl.num_programs(0)
 
 
