@@ -179,14 +179,15 @@ class Module:
         self._functions = {}
 
     def launch(self, name, grid, threads, smem, stream, args, pdl=False):
-        fn = self._functions.get(name)
+        fn, allowed = self._functions.get(name, (None, -1))
         if fn is None:
             fn = ctypes.c_void_p()
             _check(self._driver.cuModuleGetFunction(ctypes.byref(fn), self._handle,
                                                     name.encode()), name)
+        if smem > allowed:  # a kernel's shared memory can grow with its arguments
             _check(self._driver.cuFuncSetAttribute(fn, _MAX_DYNAMIC_SHARED, smem),
                    f"{name}: {smem} bytes of shared memory")
-            self._functions[name] = fn
+            self._functions[name] = fn, smem
         pointers = (ctypes.c_void_p * len(args))(
             *[ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in args])
         if not pdl:

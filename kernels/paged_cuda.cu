@@ -12,8 +12,14 @@
 //     round-robin with the CTA's other warps (steps warp, warp + NW, ...), keeps its own
 //     online-softmax state, and synchronizes only with itself (__syncwarp), so there is no
 //     CTA barrier in the main loop.
-//   - Block ids come from the table 32 lanes at a time, one window ahead, so the gather's
-//     table load is never on the path of a cp.async.
+//   - Before the main loop the CTA reads its segment's block ids into shared memory and orders
+//     its walk by physical block id (WalkSort): the allocator scatters a sequence's blocks
+//     through the pool, and when every CTA walks in address order they all sweep the pool
+//     together, so the GPU reads one region of it at a time as a contiguous copy does (1-2 %
+//     faster than table order, notes/triton.md, Session 30). Attention does not depend on the
+//     order of full blocks; a partial last block keeps its place, where it is masked. The
+//     prologue's steps keep table order, so their loads are in flight during the sort. The
+//     sort's CTA barriers are all before the main loop.
 //   - QK^T and PV are mma.sync m16n8k16 (rows: the group's query heads, zero-padded to 16);
 //     P stays in registers as PV's A operand. K and V slots are XOR-swizzled per 16-byte
 //     chunk so ldmatrix (K) and ldmatrix.trans (V) are bank-conflict free.
@@ -22,9 +28,14 @@
 //   - After the loop the warps' (m, l, O) meet in shared memory (the rings are free by then)
 //     and the CTA writes the output, or its segment's partial (m, l, O/l) when the context is
 //     split; paged_merge then combines the segments.
-// Shared memory: NW · STAGES · BPS · 8 KB (2,2,2: 64 KB, three CTAs an SM; 4,2,2: 128 KB).
-// Registers: 250 a thread on sm_90, 234 on sm_80, no spills (O: 64 fp32, Q fragments: 32;
+// Shared memory: the rings, NW · STAGES · BPS · 8 KB (2,2,2: 64 KB, three CTAs an SM; 4,2,2:
+// 128 KB), then the CTA's walk, 4 B a block (at most NW · MAX_WARP_SLOTS: 2,2,2 + 8 KB still
+// fits three CTAs an SM). The sort's scratch is the rings' last stage, which the main loop
+// fills first.
+// Registers: 240 a thread on sm_90, 221 on sm_80, no spills (O: 64 fp32, Q fragments: 32;
 // tests/cpu/test_paged_cuda.py pins the spills and the SASS counts).
+#include <climits>
+
 #include "cuda_common.cuh"
 
 namespace {
@@ -33,6 +44,9 @@ constexpr int D = 128;
 constexpr int BS = 16;
 constexpr int ROW_BYTES = D * 2;
 constexpr int BLK_BYTES = BS * ROW_BYTES;  // one block's K (or V) rows for one KV head: 4 KB
+// The most slots (blocks) one warp walks, and sorts; paged_cuda.plan splits longer contexts.
+constexpr int MAX_WARP_SLOTS = 1024;
+constexpr unsigned FULL_MASK = 0xffffffffu;
 
 // The launch arguments, one struct (paged_cuda.py's ctypes mirror has the same field order).
 template <typename T> struct Params {
@@ -43,11 +57,108 @@ template <typename T> struct Params {
       stride_vh, stride_bt, stride_ob, stride_oh;
 };
 
+// The CTA's walk past its prologue in ascending physical block id: order[i] for i in
+// [head, n_full) gets the ids of table_row[head, n_full) sorted. Buckets first (a counting sort
+// over at least n power-of-two buckets spanning the ids' [min, max]), then each id's rank inside
+// its bucket by (id, table position), so the order is exact and a function of the table alone
+// (the output is deterministic). Every thread of the CTA takes part; the scratch holds
+// 3 · MAX_CTA ints and 3 per warp. Two calls: read() before the prologue's cp.async, because a
+// table read issued behind them returns only after their data (the sort then waits out the
+// whole prologue, measured), and sort() while that data is in flight.
+template <int NT, int MAX_CTA>
+struct WalkSort {
+  static constexpr int NW = NT / 32, READS = 8;  // table reads in flight a thread
+  int* ids;        // table order
+  int* by_bucket;  // positions in the table, bucket by bucket
+  int* start;      // per bucket: its count, its first slot, then its end
+  int* part;       // per warp: min, max, bucket total
+  int head, n, lo = INT_MAX, hi = INT_MIN;
+
+  __device__ WalkSort(int* scratch, int head, int n_full)
+      : ids(scratch), by_bucket(scratch + MAX_CTA), start(scratch + 2 * MAX_CTA),
+        part(scratch + 3 * MAX_CTA), head(head), n(n_full - head) {}
+
+  __device__ __forceinline__ void read(const int* table_row) {
+    for (int base = 0; base < n; base += READS * NT) {
+      int v[READS];
+#pragma unroll
+      for (int u = 0; u < READS; ++u) {
+        const int i = base + u * NT + threadIdx.x;
+        v[u] = i < n ? __ldg(table_row + head + i) : 0;
+      }
+#pragma unroll
+      for (int u = 0; u < READS; ++u) {
+        const int i = base + u * NT + threadIdx.x;
+        if (i < n) {
+          ids[i] = v[u];
+          lo = min(lo, v[u]);
+          hi = max(hi, v[u]);
+        }
+      }
+    }
+  }
+
+  __device__ __forceinline__ void sort(int* order) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int log_buckets = 5;
+    while ((1 << log_buckets) < max(n, NT)) ++log_buckets;  // at least a bucket an id, 32 a warp
+    const int n_buckets = 1 << log_buckets;
+    for (int i = tid; i < n_buckets; i += NT) start[i] = 0;
+    lo = __reduce_min_sync(FULL_MASK, lo);
+    hi = __reduce_max_sync(FULL_MASK, hi);
+    if (lane == 0) part[warp] = lo, part[NW + warp] = hi;
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < NW; ++w) lo = min(lo, part[w]), hi = max(hi, part[NW + w]);
+    const unsigned span = static_cast<unsigned>(hi) - static_cast<unsigned>(lo);
+    const int shift = max(0, 32 - __clz(span) - log_buckets);  // (span >> shift) < n_buckets
+    auto bucket = [&](int id) {
+      return static_cast<int>((static_cast<unsigned>(id) - static_cast<unsigned>(lo)) >> shift);
+    };
+    for (int i = tid; i < n; i += NT) atomicAdd(start + bucket(ids[i]), 1);
+    __syncthreads();
+    // Exclusive scan of the counts, 32 buckets a step (lane i reads bucket 32 c + i: no bank
+    // conflicts), each warp over its share of the steps, then the warps' totals added.
+    const int steps = n_buckets / NT;
+    int* share = start + warp * steps * 32 + lane;
+    int run = 0;
+    for (int c = 0; c < steps; ++c) {
+      const int count = share[32 * c];
+      int upto = count;
+#pragma unroll
+      for (int d = 1; d < 32; d <<= 1) {
+        const int v = __shfl_up_sync(FULL_MASK, upto, d);
+        if (lane >= d) upto += v;
+      }
+      share[32 * c] = run + upto - count;
+      run += __shfl_sync(FULL_MASK, upto, 31);
+    }
+    if (lane == 0) part[2 * NW + warp] = run;
+    __syncthreads();
+    int before = 0;
+    for (int w = 0; w < warp; ++w) before += part[2 * NW + w];
+    for (int c = 0; c < steps; ++c) share[32 * c] += before;
+    __syncthreads();
+    for (int i = tid; i < n; i += NT) by_bucket[atomicAdd(start + bucket(ids[i]), 1)] = i;
+    __syncthreads();  // start[b] is now bucket b's end, start[b - 1] its first slot
+    for (int i = tid; i < n; i += NT) {
+      const int id = ids[i], b = bucket(id), first = b ? start[b - 1] : 0, end = start[b];
+      int rank = 0;
+      for (int m = first; m < end; ++m) {
+        const int j = by_bucket[m], other = ids[j];
+        rank += other < id || (other == id && j < i);
+      }
+      order[head + first + rank] = id;
+    }
+  }
+};
+
 template <typename T, int NW, int STAGES, int BPS>
 __device__ __forceinline__ void decode(const Params<T>& a) {
   extern __shared__ __align__(128) uint8_t smem[];
-  constexpr int SLOT = BPS * 2 * BLK_BYTES;
-  constexpr int WINDOW = 32 / BPS;  // steps whose block ids one warp-wide load holds
+  constexpr int SLOT = BPS * 2 * BLK_BYTES, MAX_CTA = NW * MAX_WARP_SLOTS;
+  static_assert(NW * SLOT >= (3 * MAX_CTA + 3 * NW) * 4, "WalkSort's scratch is the last stage");
+  static_assert(32 % BPS == 0, "a window of 32 slots holds whole steps");
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int seg = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
   const int n_seg = gridDim.x, kv_heads = gridDim.y;
@@ -60,27 +171,41 @@ __device__ __forceinline__ void decode(const Params<T>& a) {
   const int n_steps = blk1 > blk0 ? (blk1 - blk0 + BPS - 1) / BPS : 0;
   const int my_steps = n_steps > warp ? (n_steps - warp + NW - 1) / NW : 0;
   auto first_block = [&](int step) { return blk0 + (warp + NW * step) * BPS; };
+  // The warp's slots holding a block of the segment.
+  const int n_valid = my_steps ? (my_steps - 1) * BPS + min(BPS, blk1 - first_block(my_steps - 1))
+                               : 0;
 
-  uint8_t* ring = smem + warp * STAGES * SLOT;
+  // Stage s of warp w's ring is slot s · NW + w: the last stage of every warp is one region,
+  // the sort's scratch until the main loop's first issue.
+  auto ring_slot = [&](int step) { return smem + ((step % STAGES) * NW + warp) * SLOT; };
   const int* table_row = a.block_table + b * a.stride_bt;
-  auto window_ids = [&](int w) -> int {
-    const int step = w * WINDOW + lane / BPS, blk = first_block(step) + lane % BPS;
-    return step < my_steps && blk < blk1 ? __ldg(table_row + blk) : 0;
-  };
-  int window = 0, ids = window_ids(0), next_ids = window_ids(1);
+  // The CTA's walk: position i (block blk0 + i of the segment) is warp (i / BPS) % NW's slot
+  // k = (i / (BPS · NW)) · BPS + i % BPS, and its block id is order[i]. The prologue's
+  // positions (the first HEAD of each warp) keep table order and come straight from the table,
+  // so their loads are in flight while the CTA sorts the rest.
+  constexpr int HEAD = (STAGES - 1) * BPS;
+  auto position = [&](int k) { return ((k / BPS) * NW + warp) * BPS + k % BPS; };
+  int* order = reinterpret_cast<int*>(smem + NW * STAGES * SLOT);
+  int ids = lane < min(n_valid, HEAD) ? __ldg(table_row + blk0 + position(lane)) : 0;  // 32 slots
+  // The rest of the walk is sorted by the whole CTA, the segment's partial last block in place.
+  const int n_blocks = max(blk1 - blk0, 0), n_sorted = n_blocks - (limit < blk1 * BS);
+  WalkSort<NW * 32, MAX_CTA> walk(reinterpret_cast<int*>(smem + (STAGES - 1) * NW * SLOT),
+                                  NW * HEAD, n_sorted);
+  walk.read(table_row + blk0);
+  if (lane < min(n_valid, HEAD)) order[position(lane)] = ids;
+  int window = 0;
 
   auto issue = [&](int step) {
     if (step < my_steps) {
-      if (step / WINDOW != window) {  // steps are issued in order: one window at a time
-        window = step / WINDOW;
-        ids = next_ids;
-        next_ids = window_ids(window + 1);
+      if (step * BPS / 32 != window) {  // slots are issued in order: 32 ids a register load
+        window = step * BPS / 32;
+        ids = window * 32 + lane < n_valid ? order[position(window * 32 + lane)] : 0;
       }
-      uint8_t* slot = ring + (step % STAGES) * SLOT;
+      uint8_t* slot = ring_slot(step);
 #pragma unroll
       for (int j = 0; j < BPS; ++j) {
         const int blk = first_block(step) + j;
-        const long long id = __shfl_sync(0xffffffffu, ids, (step % WINDOW) * BPS + j);
+        const long long id = __shfl_sync(FULL_MASK, ids, (step * BPS + j) % 32);
         const T* k_rows = a.k_cache + id * a.stride_kb + kvh * a.stride_kh;
         const T* v_rows = a.v_cache + id * a.stride_vb + kvh * a.stride_vh;
         const uint32_t k_dst = smem_u32(slot + j * BLK_BYTES);
@@ -114,6 +239,11 @@ __device__ __forceinline__ void decode(const Params<T>& a) {
   }
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) issue(s);
+  if (n_sorted > NW * HEAD) walk.sort(order);
+  if (n_sorted < n_blocks && n_sorted >= NW * HEAD && threadIdx.x == 0)
+    order[n_sorted] = __ldg(table_row + blk0 + n_sorted);
+  __syncthreads();
+  ids = lane < n_valid ? order[position(lane)] : 0;
 
   WarpState<D> st;
 #pragma unroll
@@ -125,7 +255,7 @@ __device__ __forceinline__ void decode(const Params<T>& a) {
     cp_wait<STAGES - 2>();
     __syncwarp();  // every lane's copies into this slot have landed; the slot issued next is free
     issue(step + STAGES - 1);
-    attend_step<T, D, BPS>(st, qa, ring + (step % STAGES) * SLOT, first_block(step) * BS, limit,
+    attend_step<T, D, BPS>(st, qa, ring_slot(step), first_block(step) * BS, limit,
                            a.scale_log2);
   }
 

@@ -19,8 +19,9 @@ Session 23, run 153), or split_k on ≥ 200 MiB of K/V or B·Hkv ≥ 3/4 of the 
 split_k there, Session 24, runs 156 and 158).
 
 Plan (``plan``): one CTA per (sequence, KV head) when that fills the GPU (2 warps, 2 stages of
-2 blocks: 64 KB of shared memory); otherwise the context is split into segments, about one CTA
-an SM (4 warps, 128 KB), and ``paged_merge`` combines them.
+2 blocks: 64 KB of shared memory for the rings, and up to 8 KB for the warps' sorted walks);
+otherwise the context is split into segments, about one CTA an SM (4 warps, 128 KB + up to
+16 KB), and ``paged_merge`` combines them.
 """
 import ctypes
 import math
@@ -38,6 +39,7 @@ BLOCK_SIZE = 16
 MAX_GROUP = 16  # the query group is the 16 rows of one mma tile
 DTYPE_NAMES = {torch.float16: "f16", torch.bfloat16: "bf16"}
 MIN_CAPABILITY = (8, 0)
+MAX_WARP_SLOTS = 1024  # paged_cuda.cu's: the most blocks one warp walks (and sorts)
 
 
 @dataclass(frozen=True)
@@ -46,11 +48,16 @@ class CudaConfig:
     stages: int  # cp.async ring slots per warp
     blocks_per_step: int  # cache blocks per slot (one online-softmax step)
 
-    def smem_bytes(self) -> int:
+    def warp_slots(self, blocks_per_seg) -> int:
+        """The blocks each warp walks in a segment (its steps, round-robin, × blocks a step)."""
+        return -(-blocks_per_seg // (self.num_warps * self.blocks_per_step)) * self.blocks_per_step
+
+    def smem_bytes(self, blocks_per_seg) -> int:
         ring = self.num_warps * self.stages * self.blocks_per_step * 2 * BLOCK_SIZE * HEAD_DIM * 2
         # the warps' m and l (16 rows each), and the O fragments of every warp but the first
         merge = self.num_warps * 2 * 16 * 4 + (self.num_warps - 1) * 16 * HEAD_DIM * 4
-        return max(ring, merge)
+        walks = self.num_warps * self.warp_slots(blocks_per_seg) * 4  # each warp's sorted ids
+        return max(ring, merge) + walks
 
     def kernel_name(self, dtype) -> str:
         return (f"paged_decode_{DTYPE_NAMES[dtype]}_{self.num_warps}_{self.stages}_"
@@ -66,13 +73,16 @@ CONFIGS = (WHOLE, SPLIT)  # the instantiations in paged_cuda.cu
 
 def plan(batch, kv_heads, max_blocks, sm_count) -> tuple[CudaConfig, int, int]:
     """(config, segments, blocks per segment). Segments: about one CTA an SM when B·Hkv alone
-    does not fill the GPU, each at least one step per warp."""
+    does not fill the GPU, each at least one step per warp; and in any case enough that no warp
+    walks more than MAX_WARP_SLOTS blocks (32k tokens a CTA on WHOLE, 64k on SPLIT)."""
     pairs = batch * kv_heads
-    if pairs >= sm_count:
-        return WHOLE, 1, max_blocks
-    cfg = SPLIT
+    cfg = WHOLE if pairs >= sm_count else SPLIT
     step_blocks = cfg.num_warps * cfg.blocks_per_step
-    n_seg = max(1, min(sm_count // pairs, math.ceil(max_blocks / step_blocks)))
+    n_seg = 1 if cfg is WHOLE else max(1, min(sm_count // pairs,
+                                              math.ceil(max_blocks / step_blocks)))
+    n_seg = max(n_seg, math.ceil(max_blocks / (MAX_WARP_SLOTS * cfg.num_warps)))
+    if n_seg == 1:
+        return cfg, 1, max_blocks
     per_seg = math.ceil(math.ceil(max_blocks / n_seg) / cfg.blocks_per_step) * cfg.blocks_per_step
     return cfg, math.ceil(max_blocks / per_seg), per_seg
 
@@ -142,7 +152,7 @@ def paged_attention(q, k_cache, v_cache, block_table, context_lens, out, scale) 
                      q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
                      block_table.stride(0), out.stride(0), out.stride(1))
     SOURCE.launch(q.device, cfg.kernel_name(q.dtype), (n_seg, kv_heads, batch),
-                  cfg.num_warps * 32, cfg.smem_bytes(), [params])
+                  cfg.num_warps * 32, cfg.smem_bytes(per_seg), [params])
     if n_seg > 1:
         SOURCE.launch(q.device, f"paged_merge_{DTYPE_NAMES[q.dtype]}", (batch * heads, 1, 1),
                       HEAD_DIM, 0,

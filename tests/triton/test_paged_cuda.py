@@ -10,7 +10,8 @@ from ws_lab.paged_cases import assert_matches_oracle, make_paged
 pytestmark = pytest.mark.gpu
 
 # (B, Hq, Hkv, lengths): groups 1–16; one CTA per pair (B·Hkv ≥ the SM count) and split
-# contexts; lengths 0, 1, 15, 16, 17, block-aligned and not; one 57600-token context.
+# contexts; lengths 0, 1, 15, 16, 17, block-aligned and not; one 57600-token context, and one
+# of 33000 tokens on one CTA per pair (past what a warp sorts, so plan splits it).
 CASES = [
     (8, 32, 32, [2048, 1, 777, 2048, 64, 1500, 2047, 33]),
     (32, 32, 8, [16, 17, 15, 2000] * 8),
@@ -19,6 +20,7 @@ CASES = [
     (1, 8, 2, [57600]),
     (2, 128, 8, [1328, 463]),
     (17, 28, 4, [200 + 37 * i for i in range(17)]),
+    (17, 32, 8, [33000] + [100 + 61 * i for i in range(16)]),
 ]
 
 
@@ -112,3 +114,57 @@ def test_cuda_graph_replays_match_oracle(batch, kv_heads):
         graph.replay()
         torch.cuda.synchronize()
         _check(out, oracle.paged_attention_ref(q, kc, vc, table, lens_t), seed)
+
+
+def _rewrite_rows(table, kind, num_blocks):
+    """The block tables the walk's sort (paged_cuda.cu's sort_walk) finds hardest."""
+    import torch
+
+    width = table.shape[1]
+    for b in range(table.shape[0]):
+        if kind == "repeats":  # four blocks over and over: equal ids in one bucket
+            table[b] = table[b, torch.arange(width, device=table.device) % 4]
+        elif kind == "run-and-outliers":  # most ids in one bucket, a few far away
+            table[b] = (torch.arange(width, device=table.device) + b * width + 8) % num_blocks
+            table[b, ::50] = torch.tensor([0, num_blocks - 1, 1, num_blocks - 2],
+                                          device=table.device).repeat(width)[:len(table[b, ::50])]
+        elif kind == "descending":
+            table[b] = table[b].sort(descending=True).values
+        elif kind == "consecutive":
+            table[b] = torch.arange(width, device=table.device) + b * width
+
+
+@pytest.mark.parametrize("kind", ["repeats", "run-and-outliers", "descending", "consecutive"])
+@pytest.mark.parametrize("batch,kv_heads", [(8, 32), (4, 8)], ids=["whole", "split"])
+def test_any_order_of_block_ids(kind, batch, kv_heads):
+    """Each warp walks its blocks sorted by id, the context's partial last block in its own
+    slot; the table's order, repeats and spread must not matter."""
+    import torch
+
+    from ws_lab.kernels import paged
+
+    lens = [2000, 1999, 37, 2048, 1, 1500, 16, 2047][:batch]
+    (q, kc, vc, table, lens_t), seed = make_paged(batch, 4 * kv_heads, kv_heads, 128, 16, lens,
+                                                  torch.float16, "cuda")
+    _rewrite_rows(table, kind, kc.shape[0])
+    _poison_unowned_slots(kc, vc, table, lens_t)
+    out = torch.full_like(q, float("nan"))
+    paged.paged_attention(q, kc, vc, table, lens_t, mode="cuda", out=out)
+    _check(out, oracle.paged_attention_ref(q, kc, vc, table, lens_t), seed)
+
+
+@pytest.mark.parametrize("batch,kv_heads", [(8, 32), (4, 8)], ids=["whole", "split"])
+def test_the_output_repeats_to_the_bit(batch, kv_heads):
+    """The walk's order comes from the table alone (a stable sort, no atomics deciding it), so
+    two calls on the same inputs agree bit for bit."""
+    import torch
+
+    from ws_lab.kernels import paged
+
+    (q, kc, vc, table, lens_t), _ = make_paged(batch, 4 * kv_heads, kv_heads, 128, 16,
+                                               [3000 - 111 * i for i in range(batch)],
+                                               torch.bfloat16, "cuda")
+    first, second = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
+    paged.paged_attention(q, kc, vc, table, lens_t, mode="cuda", out=first)
+    paged.paged_attention(q, kc, vc, table, lens_t, mode="cuda", out=second)
+    assert torch.equal(first, second)
