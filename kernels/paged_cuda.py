@@ -19,7 +19,7 @@ Session 23, run 153), or split_k on ≥ 200 MiB of K/V or B·Hkv ≥ 3/4 of the 
 split_k there, Session 24, runs 156 and 158).
 
 Plan (``plan``): one CTA per (sequence, KV head) when that fills the GPU (2 warps, 2 stages of
-2 blocks: 64 KB of shared memory for the rings, and up to 8 KB for the warps' sorted walks);
+2 blocks: 64 KB of shared memory for the rings, and up to 8 KB for the CTA's sorted walk);
 otherwise the context is split into segments, about one CTA an SM (4 warps, 128 KB + up to
 16 KB), and ``paged_merge`` combines them.
 """
@@ -56,8 +56,8 @@ class CudaConfig:
         ring = self.num_warps * self.stages * self.blocks_per_step * 2 * BLOCK_SIZE * HEAD_DIM * 2
         # the warps' m and l (16 rows each), and the O fragments of every warp but the first
         merge = self.num_warps * 2 * 16 * 4 + (self.num_warps - 1) * 16 * HEAD_DIM * 4
-        walks = self.num_warps * self.warp_slots(blocks_per_seg) * 4  # each warp's sorted ids
-        return max(ring, merge) + walks
+        walk = self.num_warps * self.warp_slots(blocks_per_seg) * 4  # the CTA's sorted ids
+        return max(ring, merge) + walk
 
     def kernel_name(self, dtype) -> str:
         return (f"paged_decode_{DTYPE_NAMES[dtype]}_{self.num_warps}_{self.stages}_"

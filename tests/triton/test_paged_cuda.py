@@ -117,7 +117,7 @@ def test_cuda_graph_replays_match_oracle(batch, kv_heads):
 
 
 def _rewrite_rows(table, kind, num_blocks):
-    """The block tables the walk's sort (paged_cuda.cu's sort_walk) finds hardest."""
+    """The block tables the walk's sort (paged_cuda.cu's WalkSort) finds hardest."""
     import torch
 
     width = table.shape[1]
@@ -137,8 +137,8 @@ def _rewrite_rows(table, kind, num_blocks):
 @pytest.mark.parametrize("kind", ["repeats", "run-and-outliers", "descending", "consecutive"])
 @pytest.mark.parametrize("batch,kv_heads", [(8, 32), (4, 8)], ids=["whole", "split"])
 def test_any_order_of_block_ids(kind, batch, kv_heads):
-    """Each warp walks its blocks sorted by id, the context's partial last block in its own
-    slot; the table's order, repeats and spread must not matter."""
+    """The CTA walks its blocks sorted by id, the context's partial last block in its own
+    place; the table's order, repeats and spread must not matter."""
     import torch
 
     from ws_lab.kernels import paged
@@ -155,8 +155,8 @@ def test_any_order_of_block_ids(kind, batch, kv_heads):
 
 @pytest.mark.parametrize("batch,kv_heads", [(8, 32), (4, 8)], ids=["whole", "split"])
 def test_the_output_repeats_to_the_bit(batch, kv_heads):
-    """The walk's order comes from the table alone (a stable sort, no atomics deciding it), so
-    two calls on the same inputs agree bit for bit."""
+    """The walk's order comes from the table alone (exact, by id then table position: the
+    atomics that bucket the ids do not decide it), so two calls agree bit for bit."""
     import torch
 
     from ws_lab.kernels import paged
