@@ -44,7 +44,8 @@ constexpr int D = 128;
 constexpr int BS = 16;
 constexpr int ROW_BYTES = D * 2;
 constexpr int BLK_BYTES = BS * ROW_BYTES;  // one block's K (or V) rows for one KV head: 4 KB
-// The most slots (blocks) one warp walks, and sorts; paged_cuda.plan splits longer contexts.
+// The most blocks one warp walks (the CTA sorts NW times as many); paged_cuda.plan splits
+// longer contexts.
 constexpr int MAX_WARP_SLOTS = 1024;
 constexpr unsigned FULL_MASK = 0xffffffffu;
 

@@ -39,7 +39,7 @@ BLOCK_SIZE = 16
 MAX_GROUP = 16  # the query group is the 16 rows of one mma tile
 DTYPE_NAMES = {torch.float16: "f16", torch.bfloat16: "bf16"}
 MIN_CAPABILITY = (8, 0)
-MAX_WARP_SLOTS = 1024  # paged_cuda.cu's: the most blocks one warp walks (and sorts)
+MAX_WARP_SLOTS = 1024  # paged_cuda.cu's: the most blocks one warp walks (a CTA sorts NW×)
 
 
 @dataclass(frozen=True)
