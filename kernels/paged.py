@@ -85,12 +85,32 @@ DEFAULTS = {"v1": LaunchConfig(tile_n=128, num_warps=8, num_stages=2, waves=4),
 GQA_SHORT_GRID = dict(num_warps=4, num_stages=3)
 
 
-def launch_config(mode, batch, kv_heads, sm_count) -> LaunchConfig:
+# split_k on a query group of 32 heads (MQA of a 32-head model) with 16-bit rows of ≤ 128
+# elements: 32-token tiles, 6 stages (96 KB of K/V buffers a program). Measured 1.037–1.083 ×
+# the default on all six group-32 shapes timed (MQA B16 4k 19.1 → 18.2 µs, B1–B64, ctx 512–16k;
+# notes/triton.md, Session 31, run 263); 3 or 4 stages at 32 tokens were 9–25 % slower. Other
+# groups were not timed with it.
+WIDE_GROUP = 32
+SPLIT_K_WIDE_GROUP = dict(tile_n=32, num_stages=6)
+
+
+def split_k_config(group, row_bytes) -> LaunchConfig:
+    """split_k's default config for a query group of ``group`` heads and K/V rows of
+    ``row_bytes`` (padded head dim × element size)."""
+    config = DEFAULTS["split_k"]
+    if group == WIDE_GROUP and row_bytes <= 256:
+        return dataclasses.replace(config, **SPLIT_K_WIDE_GROUP)
+    return config
+
+
+def launch_config(mode, batch, kv_heads, sm_count, group=1, row_bytes=256) -> LaunchConfig:
     """The mode's default config for this grid. gqa with B·Hkv ≤ 2·SMs takes GQA_SHORT_GRID:
     3 stages measured 1–3 % faster on the B·Hkv 256 rows (NOTES.md, session 5), and on 4 warps
     another 0.3–0.8 % (llama7b-8k 346.6 → 344.7 µs, session 6). Larger gqa grids keep the
     8 warps × 2 stages the sweeps validated (3 stages there were within ±2 % in one sweep: not
-    enough to change)."""
+    enough to change). split_k: ``split_k_config``."""
+    if mode == "split_k":
+        return split_k_config(group, row_bytes)
     config = DEFAULTS[mode]
     if mode == "gqa" and batch * kv_heads <= 2 * sm_count:
         return dataclasses.replace(config, **GQA_SHORT_GRID)
@@ -499,8 +519,9 @@ def paged_attention(q, k_cache, v_cache, block_table, context_lens, *, mode="aut
     if mode == "cuda":
         return paged_cuda.paged_attention(q, k_cache, v_cache, block_table, context_lens, out,
                                           scale)
-    config = config or launch_config(mode, batch, kv_heads, sm_count)
     d_pad = triton.next_power_of_2(head_dim)
+    config = config or launch_config(mode, batch, kv_heads, sm_count, group,
+                                     d_pad * q.element_size())
     tile = tile_for(config, d_pad, q.element_size())
     common = (q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
               v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_table.stride(0),
@@ -594,7 +615,8 @@ def static_specs(heads, kv_heads, head_dim, block_size, dtype="float16"):
                  scale_log2="fp32")
     specs = []
     for mode, split in (("gqa", False), ("split_k", True)):
-        config = DEFAULTS[mode]
+        config = (split_k_config(group, d_pad * (4 if dtype == "float32" else 2)) if split
+                  else DEFAULTS[mode])
         meta = dict(GROUP=group, G_PAD=max(MIN_DOT_ROWS, triton.next_power_of_2(group)),
                     D=head_dim, D_PAD=d_pad, BLOCK_SIZE=block_size, SPLIT=split, WIDE=False,
                     TILE=tile_for(config, d_pad, 4 if dtype == "float32" else 2),

@@ -49,6 +49,13 @@ constexpr int BLK_BYTES = BS * ROW_BYTES;  // one block's K (or V) rows for one 
 constexpr int MAX_WARP_SLOTS = 1024;
 constexpr unsigned FULL_MASK = 0xffffffffu;
 
+// The dynamic shared memory this launch was given: what paged_cuda.py asked for.
+__device__ __forceinline__ int dynamic_smem_bytes() {
+  unsigned bytes;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(bytes));
+  return static_cast<int>(bytes);
+}
+
 // The launch arguments, one struct (paged_cuda.py's ctypes mirror has the same field order).
 template <typename T> struct Params {
   const T* q; const T* k_cache; const T* v_cache; const int* block_table; const int* context_lens;
@@ -58,37 +65,51 @@ template <typename T> struct Params {
       stride_vh, stride_bt, stride_ob, stride_oh;
 };
 
-// The CTA's walk past its prologue in ascending physical block id: order[i] for i in
-// [head, n_full) gets the ids of table_row[head, n_full) sorted. Buckets first (a counting sort
-// over at least n power-of-two buckets spanning the ids' [min, max]), then each id's rank inside
-// its bucket by (id, table position), so the order is exact and a function of the table alone
-// (the output is deterministic). Every thread of the CTA takes part; the scratch holds
-// 3 · MAX_CTA ints and 3 per warp. Two calls: read() before the prologue's cp.async, because a
-// table read issued behind them returns only after their data (the sort then waits out the
-// whole prologue, measured), and sort() while that data is in flight.
-template <int NT, int MAX_CTA>
+// The CTA's walk past its prologue in ascending physical block id: ids[0, n) holds the table's
+// ids (read() puts them there) and sort() leaves them in ascending order, in place. A counting
+// sort over at least n power-of-two buckets spanning the ids' [min, max], then each id's rank
+// inside its bucket; equal ids are interchangeable, so the order is a function of the table
+// alone (the output is deterministic) however the atomics fall. Every thread of the CTA takes
+// part. Thread t owns buckets [t K, t K + K) and keeps bucket t K + j's counter at j NT + t,
+// so the scan reads without bank conflicts and runs one warp scan, not one per 32 buckets.
+// read() goes before the prologue's cp.async, because a table read issued behind them returns
+// only after their data (the sort then waits out the whole prologue, measured); sort() runs
+// while that data is in flight. Scratch: by_bucket (n ints), the counters (buckets(n)), and 3
+// ints a warp.
+template <int NT>
 struct WalkSort {
-  static constexpr int NW = NT / 32, READS = 8;  // table reads in flight a thread
-  int* ids;        // table order
-  int* by_bucket;  // positions in the table, bucket by bucket
-  int* start;      // per bucket: its count, its first slot, then its end
-  int* part;       // per warp: min, max, bucket total
-  int head, n, lo = INT_MAX, hi = INT_MIN;
+  static constexpr int NW = NT / 32, BATCH = 8;  // table reads and smem chains in flight a thread
+  static constexpr int LOG_NT = NT == 64 ? 6 : NT == 128 ? 7 : -1;
+  static_assert(LOG_NT > 0, "2 or 4 warps");
+  int* ids;
+  int* by_bucket;  // the ids, bucket by bucket
+  int* count;      // per bucket: its count, then its first slot, then its end
+  int* part;       // per warp: min, max, count total
+  int n, lo = INT_MAX, hi = INT_MIN;
 
-  __device__ WalkSort(int* scratch, int head, int n_full)
-      : ids(scratch), by_bucket(scratch + MAX_CTA), start(scratch + 2 * MAX_CTA),
-        part(scratch + 3 * MAX_CTA), head(head), n(n_full - head) {}
+  __host__ __device__ static constexpr int log_buckets(int n) {
+    int log = LOG_NT;  // at least a bucket a thread, and one an id
+    while ((1 << log) < n) ++log;
+    return log;
+  }
+  __host__ __device__ static constexpr int scratch_ints(int n) {
+    return n + (1 << log_buckets(n)) + 3 * NW;
+  }
 
-  __device__ __forceinline__ void read(const int* table_row) {
-    for (int base = 0; base < n; base += READS * NT) {
-      int v[READS];
+  __device__ WalkSort(int* ids, int* scratch, int n)
+      : ids(ids), by_bucket(scratch), count(scratch + n),
+        part(scratch + n + (1 << log_buckets(n))), n(n) {}
+
+  __device__ __forceinline__ void read(const int* table) {
+    for (int base = 0; base < n; base += BATCH * NT) {
+      int v[BATCH];
 #pragma unroll
-      for (int u = 0; u < READS; ++u) {
+      for (int u = 0; u < BATCH; ++u) {
         const int i = base + u * NT + threadIdx.x;
-        v[u] = i < n ? __ldg(table_row + head + i) : 0;
+        v[u] = i < n ? __ldg(table + i) : 0;
       }
 #pragma unroll
-      for (int u = 0; u < READS; ++u) {
+      for (int u = 0; u < BATCH; ++u) {
         const int i = base + u * NT + threadIdx.x;
         if (i < n) {
           ids[i] = v[u];
@@ -99,12 +120,10 @@ struct WalkSort {
     }
   }
 
-  __device__ __forceinline__ void sort(int* order) {
+  __device__ __forceinline__ void sort() {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    int log_buckets = 5;
-    while ((1 << log_buckets) < max(n, NT)) ++log_buckets;  // at least a bucket an id, 32 a warp
-    const int n_buckets = 1 << log_buckets;
-    for (int i = tid; i < n_buckets; i += NT) start[i] = 0;
+    const int log_b = log_buckets(n), log_k = log_b - LOG_NT, per_thread = 1 << log_k;
+    for (int j = 0; j < per_thread; ++j) count[j * NT + tid] = 0;
     lo = __reduce_min_sync(FULL_MASK, lo);
     hi = __reduce_max_sync(FULL_MASK, hi);
     if (lane == 0) part[warp] = lo, part[NW + warp] = hi;
@@ -112,44 +131,61 @@ struct WalkSort {
 #pragma unroll
     for (int w = 0; w < NW; ++w) lo = min(lo, part[w]), hi = max(hi, part[NW + w]);
     const unsigned span = static_cast<unsigned>(hi) - static_cast<unsigned>(lo);
-    const int shift = max(0, 32 - __clz(span) - log_buckets);  // (span >> shift) < n_buckets
+    const int shift = max(0, 32 - __clz(span) - log_b);  // (span >> shift) < 2^log_b
     auto bucket = [&](int id) {
       return static_cast<int>((static_cast<unsigned>(id) - static_cast<unsigned>(lo)) >> shift);
     };
-    for (int i = tid; i < n; i += NT) atomicAdd(start + bucket(ids[i]), 1);
+    auto counter = [&](int b) { return count + (b & (per_thread - 1)) * NT + (b >> log_k); };
+    for (int i = tid; i < n; i += NT) atomicAdd(counter(bucket(ids[i])), 1);
     __syncthreads();
-    // Exclusive scan of the counts, 32 buckets a step (lane i reads bucket 32 c + i: no bank
-    // conflicts), each warp over its share of the steps, then the warps' totals added.
-    const int steps = n_buckets / NT;
-    int* share = start + warp * steps * 32 + lane;
-    int run = 0;
-    for (int c = 0; c < steps; ++c) {
-      const int count = share[32 * c];
-      int upto = count;
+    // Exclusive scan: this thread's K counts, the warp's inclusive scan over them, the warps'.
+    int mine = 0;
+    for (int j = 0; j < per_thread; ++j) mine += count[j * NT + tid];
+    int upto = mine;
 #pragma unroll
-      for (int d = 1; d < 32; d <<= 1) {
-        const int v = __shfl_up_sync(FULL_MASK, upto, d);
-        if (lane >= d) upto += v;
-      }
-      share[32 * c] = run + upto - count;
-      run += __shfl_sync(FULL_MASK, upto, 31);
+    for (int d = 1; d < 32; d <<= 1) {
+      const int v = __shfl_up_sync(FULL_MASK, upto, d);
+      if (lane >= d) upto += v;
     }
-    if (lane == 0) part[2 * NW + warp] = run;
+    if (lane == 31) part[2 * NW + warp] = upto;
     __syncthreads();
-    int before = 0;
-    for (int w = 0; w < warp; ++w) before += part[2 * NW + w];
-    for (int c = 0; c < steps; ++c) share[32 * c] += before;
+    int first = upto - mine;
+    for (int w = 0; w < warp; ++w) first += part[2 * NW + w];
+    for (int j = 0; j < per_thread; ++j) {
+      const int c = count[j * NT + tid];
+      count[j * NT + tid] = first;
+      first += c;
+    }
     __syncthreads();
-    for (int i = tid; i < n; i += NT) by_bucket[atomicAdd(start + bucket(ids[i]), 1)] = i;
-    __syncthreads();  // start[b] is now bucket b's end, start[b - 1] its first slot
-    for (int i = tid; i < n; i += NT) {
-      const int id = ids[i], b = bucket(id), first = b ? start[b - 1] : 0, end = start[b];
-      int rank = 0;
-      for (int m = first; m < end; ++m) {
-        const int j = by_bucket[m], other = ids[j];
-        rank += other < id || (other == id && j < i);
+    for (int base = 0; base < n; base += BATCH * NT) {  // BATCH atomics in flight, then stores
+      int id[BATCH], at[BATCH];
+#pragma unroll
+      for (int u = 0; u < BATCH; ++u) {
+        const int i = base + u * NT + tid;
+        id[u] = i < n ? ids[i] : 0;
+        at[u] = i < n ? atomicAdd(counter(bucket(id[u])), 1) : -1;
       }
-      order[head + first + rank] = id;
+#pragma unroll
+      for (int u = 0; u < BATCH; ++u)
+        if (at[u] >= 0) by_bucket[at[u]] = id[u];
+    }
+    __syncthreads();  // a bucket's counter is now its end, the one before it its first slot
+    for (int base = 0; base < n; base += BATCH * NT) {
+      int id[BATCH], rank[BATCH];
+#pragma unroll
+      for (int u = 0; u < BATCH; ++u) {
+        const int m = base + u * NT + tid;
+        id[u] = m < n ? by_bucket[m] : lo;
+        const int b = bucket(id[u]), from = b ? *counter(b - 1) : 0, last = m < n ? *counter(b) : 0;
+        rank[u] = from;
+        for (int r = from; r < last; ++r) {
+          const int other = by_bucket[r];
+          rank[u] += other < id[u] || (other == id[u] && r < m);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < BATCH; ++u)
+        if (base + u * NT + tid < n) ids[rank[u]] = id[u];
     }
   }
 };
@@ -157,8 +193,10 @@ struct WalkSort {
 template <typename T, int NW, int STAGES, int BPS>
 __device__ __forceinline__ void decode(const Params<T>& a) {
   extern __shared__ __align__(128) uint8_t smem[];
-  constexpr int SLOT = BPS * 2 * BLK_BYTES, MAX_CTA = NW * MAX_WARP_SLOTS;
-  static_assert(NW * SLOT >= (3 * MAX_CTA + 3 * NW) * 4, "WalkSort's scratch is the last stage");
+  constexpr int SLOT = BPS * 2 * BLK_BYTES, RINGS = NW * STAGES * SLOT;
+  using Sort = WalkSort<NW * 32>;
+  static_assert(NW * SLOT >= Sort::scratch_ints(NW * MAX_WARP_SLOTS) * 4,
+                "WalkSort's scratch fits the rings' last stage");
   static_assert(32 % BPS == 0, "a window of 32 slots holds whole steps");
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int seg = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
@@ -176,24 +214,30 @@ __device__ __forceinline__ void decode(const Params<T>& a) {
   const int n_valid = my_steps ? (my_steps - 1) * BPS + min(BPS, blk1 - first_block(my_steps - 1))
                                : 0;
 
-  // Stage s of warp w's ring is slot s · NW + w: the last stage of every warp is one region,
-  // the sort's scratch until the main loop's first issue.
+  // Stage s of warp w's ring is slot s · NW + w: the last stage of every warp is one region.
   auto ring_slot = [&](int step) { return smem + ((step % STAGES) * NW + warp) * SLOT; };
   const int* table_row = a.block_table + b * a.stride_bt;
-  // The CTA's walk: position i (block blk0 + i of the segment) is warp (i / BPS) % NW's slot
-  // k = (i / (BPS · NW)) · BPS + i % BPS, and its block id is order[i]. The prologue's
-  // positions (the first HEAD of each warp) keep table order and come straight from the table,
-  // so their loads are in flight while the CTA sorts the rest.
-  constexpr int HEAD = (STAGES - 1) * BPS;
+  // The CTA's walk follows the rings: position i (block blk0 + i of the segment) is warp
+  // (i / BPS) % NW's slot k = (i / (BPS · NW)) · BPS + i % BPS, and its block id is order[i].
+  // The sort's scratch follows the walk when the launch left room for it (paged_cuda.py does
+  // where that costs no CTA an SM): then the prologue issues every stage before the sort.
+  // Otherwise the scratch is the rings' last stage, which is issued after the sort. The
+  // prologue's positions (the first `head` of each warp) keep table order and come straight
+  // from the table, so their loads are in flight while the CTA sorts the rest.
+  const int cta_slots = NW * ((a.blocks_per_seg + NW * BPS - 1) / (NW * BPS)) * BPS;
+  int* order = reinterpret_cast<int*>(smem + RINGS);
+  const bool sort_ahead =
+      dynamic_smem_bytes() >= RINGS + 4 * (cta_slots + Sort::scratch_ints(cta_slots));
+  const int head = (sort_ahead ? STAGES : STAGES - 1) * BPS, cta_head = NW * head;
   auto position = [&](int k) { return ((k / BPS) * NW + warp) * BPS + k % BPS; };
-  int* order = reinterpret_cast<int*>(smem + NW * STAGES * SLOT);
-  int ids = lane < min(n_valid, HEAD) ? __ldg(table_row + blk0 + position(lane)) : 0;  // 32 slots
+  int ids = lane < min(n_valid, head) ? __ldg(table_row + blk0 + position(lane)) : 0;  // 32 slots
   // The rest of the walk is sorted by the whole CTA, the segment's partial last block in place.
   const int n_blocks = max(blk1 - blk0, 0), n_sorted = n_blocks - (limit < blk1 * BS);
-  WalkSort<NW * 32, MAX_CTA> walk(reinterpret_cast<int*>(smem + (STAGES - 1) * NW * SLOT),
-                                  NW * HEAD, n_sorted);
-  walk.read(table_row + blk0);
-  if (lane < min(n_valid, HEAD)) order[position(lane)] = ids;
+  int* last_stage = reinterpret_cast<int*>(smem + (STAGES - 1) * NW * SLOT);
+  Sort walk(order + cta_head, sort_ahead ? order + cta_slots : last_stage,
+            max(n_sorted - cta_head, 0));
+  walk.read(table_row + blk0 + cta_head);
+  if (lane < min(n_valid, head)) order[position(lane)] = ids;
   int window = 0;
 
   auto issue = [&](int step) {
@@ -240,11 +284,13 @@ __device__ __forceinline__ void decode(const Params<T>& a) {
   }
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) issue(s);
-  if (n_sorted > NW * HEAD) walk.sort(order);
-  if (n_sorted < n_blocks && n_sorted >= NW * HEAD && threadIdx.x == 0)
+  if (sort_ahead) issue(STAGES - 1);
+  if (walk.n > 0) walk.sort();
+  if (n_sorted < n_blocks && n_sorted >= cta_head && threadIdx.x == 0)
     order[n_sorted] = __ldg(table_row + blk0 + n_sorted);
   __syncthreads();
   ids = lane < n_valid ? order[position(lane)] : 0;
+  if (!sort_ahead) issue(STAGES - 1);
 
   WarpState<D> st;
 #pragma unroll
@@ -253,9 +299,15 @@ __device__ __forceinline__ void decode(const Params<T>& a) {
   st.l_lo = st.l_hi = 0.f;
 
   for (int step = 0; step < my_steps; ++step) {
-    cp_wait<STAGES - 2>();
+    // Issue, then attend (measured 1 % faster than attend, then refill the slot just read).
+    // After a prologue of every stage the first step has nothing to issue.
+    const bool all_issued = sort_ahead && step == 0;
+    if (all_issued)
+      cp_wait<STAGES - 1>();
+    else
+      cp_wait<STAGES - 2>();
     __syncwarp();  // every lane's copies into this slot have landed; the slot issued next is free
-    issue(step + STAGES - 1);
+    if (!all_issued) issue(step + STAGES - 1);
     attend_step<T, D, BPS>(st, qa, ring_slot(step), first_block(step) * BS, limit,
                            a.scale_log2);
   }

@@ -40,6 +40,14 @@ MAX_GROUP = 16  # the query group is the 16 rows of one mma tile
 DTYPE_NAMES = {torch.float16: "f16", torch.bfloat16: "bf16"}
 MIN_CAPABILITY = (8, 0)
 MAX_WARP_SLOTS = 1024  # paged_cuda.cu's: the most blocks one warp walks (a CTA sorts NW×)
+RESERVED_SMEM = 1024  # the shared memory the driver keeps a CTA on sm_80+ (past the request)
+
+
+def sort_scratch_ints(n, threads) -> int:
+    """paged_cuda.cu's ``WalkSort<threads>::scratch_ints(n)``: its by-bucket copy of the n ids,
+    a counter a bucket (a power of two, at least an id and a thread each), 3 ints a warp."""
+    buckets = max(threads, 1 << max(0, (n - 1).bit_length()))
+    return n + buckets + 3 * (threads // 32)
 
 
 @dataclass(frozen=True)
@@ -52,12 +60,25 @@ class CudaConfig:
         """The blocks each warp walks in a segment (its steps, round-robin, × blocks a step)."""
         return -(-blocks_per_seg // (self.num_warps * self.blocks_per_step)) * self.blocks_per_step
 
-    def smem_bytes(self, blocks_per_seg) -> int:
+    def smem_bytes(self, blocks_per_seg, sort_ahead=False) -> int:
+        """The rings, then the CTA's walk (its block ids in visiting order), then, with
+        ``sort_ahead``, the sort's scratch (without, it borrows the rings' last stage)."""
         ring = self.num_warps * self.stages * self.blocks_per_step * 2 * BLOCK_SIZE * HEAD_DIM * 2
         # the warps' m and l (16 rows each), and the O fragments of every warp but the first
         merge = self.num_warps * 2 * 16 * 4 + (self.num_warps - 1) * 16 * HEAD_DIM * 4
-        walk = self.num_warps * self.warp_slots(blocks_per_seg) * 4  # the CTA's sorted ids
-        return max(ring, merge) + walk
+        walk = self.num_warps * self.warp_slots(blocks_per_seg)
+        scratch = sort_scratch_ints(walk, self.num_warps * 32) if sort_ahead else 0
+        return max(ring, merge) + 4 * (walk + scratch)
+
+    def launch_smem(self, blocks_per_seg, sm_smem) -> int:
+        """The shared memory to launch with on an SM of ``sm_smem`` bytes. The kernel reads its
+        size: with room for the sort's scratch past the walk it issues every ring stage before
+        it sorts (the sort then hides behind more loads), and it gets that room wherever it
+        costs no CTA an SM."""
+        tight = self.smem_bytes(blocks_per_seg)
+        roomy = self.smem_bytes(blocks_per_seg, sort_ahead=True)
+        per_sm = lambda smem: sm_smem // (smem + RESERVED_SMEM)
+        return roomy if per_sm(roomy) >= max(per_sm(tight), 1) else tight
 
     def kernel_name(self, dtype) -> str:
         return (f"paged_decode_{DTYPE_NAMES[dtype]}_{self.num_warps}_{self.stages}_"
@@ -136,8 +157,8 @@ def paged_attention(q, k_cache, v_cache, block_table, context_lens, out, scale) 
     batch, heads, _ = q.shape
     max_blocks = block_table.shape[1]
     kv_heads = k_cache.shape[2]
-    cfg, n_seg, per_seg = plan(batch, kv_heads, max_blocks,
-                               torch.cuda.get_device_properties(q.device).multi_processor_count)
+    props = torch.cuda.get_device_properties(q.device)
+    cfg, n_seg, per_seg = plan(batch, kv_heads, max_blocks, props.multi_processor_count)
     if n_seg > 1:
         m_part = torch.empty(batch * heads * n_seg, dtype=torch.float32, device=q.device)
         l_part = torch.empty_like(m_part)
@@ -152,7 +173,9 @@ def paged_attention(q, k_cache, v_cache, block_table, context_lens, out, scale) 
                      q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
                      block_table.stride(0), out.stride(0), out.stride(1))
     SOURCE.launch(q.device, cfg.kernel_name(q.dtype), (n_seg, kv_heads, batch),
-                  cfg.num_warps * 32, cfg.smem_bytes(per_seg), [params])
+                  cfg.num_warps * 32,
+                  cfg.launch_smem(per_seg, getattr(props, "shared_memory_per_multiprocessor", 0)),
+                  [params])
     if n_seg > 1:
         SOURCE.launch(q.device, f"paged_merge_{DTYPE_NAMES[q.dtype]}", (batch * heads, 1, 1),
                       HEAD_DIM, 0,

@@ -51,6 +51,9 @@ def test_the_ctypes_params_match_the_kernels_struct(tmp_path):
     ctypes mirror uses: a reordered or retyped field fails to compile."""
     checks = [size_assert(f"Params<{t}>", pc._Params) for t in ("__half", "__nv_bfloat16")]
     checks.append(f'static_assert(MAX_WARP_SLOTS == {pc.MAX_WARP_SLOTS}, "plan\'s cap");')
+    checks += [f"static_assert(WalkSort<{nt}>::scratch_ints({n}) == "
+               f"{pc.sort_scratch_ints(n, nt)}, \"the sort's scratch\");"
+               for nt, n in itertools.product((64, 128), (0, 1, 63, 64, 65, 129, 512, 4096))]
     assert_compiles(tmp_path, f'"{pc.SOURCE.path}"',
                     checks + offset_asserts("Params<__half>", pc._Params))
 
@@ -90,6 +93,23 @@ def test_shared_memory_fits_the_sm():
     for cfg in pc.CONFIGS:
         assert cfg.smem_bytes(most[cfg]) <= 227 * 1024
     assert 3 * pc.WHOLE.smem_bytes(most[pc.WHOLE]) <= 228 * 1024  # the docstring's three an SM
+
+
+H100_SM_SMEM = 228 * 1024
+
+
+def test_the_sort_gets_its_own_room_only_where_that_costs_no_cta_an_sm():
+    """Sorting ahead of every ring stage needs the scratch past the walk: three WHOLE CTAs an
+    SM keep it up to 12k-token contexts (768 blocks), not at 16k; SPLIT runs one CTA an SM and
+    keeps it at its longest segment; without the SM's size the launch stays tight."""
+    for per_seg in (8, 128, 512, 768):
+        roomy = pc.WHOLE.smem_bytes(per_seg, sort_ahead=True)
+        assert pc.WHOLE.launch_smem(per_seg, H100_SM_SMEM) == roomy
+        assert 3 * (roomy + pc.RESERVED_SMEM) <= H100_SM_SMEM
+    assert pc.WHOLE.launch_smem(1024, H100_SM_SMEM) == pc.WHOLE.smem_bytes(1024)
+    most = pc.MAX_WARP_SLOTS * pc.SPLIT.num_warps
+    assert pc.SPLIT.launch_smem(most, H100_SM_SMEM) == pc.SPLIT.smem_bytes(most, sort_ahead=True)
+    assert pc.WHOLE.launch_smem(512, 0) == pc.WHOLE.smem_bytes(512)
 
 
 def test_auto_takes_cuda_in_place_of_gqa_and_of_split_k_on_big_or_wide_rows(monkeypatch):

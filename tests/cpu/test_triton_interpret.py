@@ -98,6 +98,17 @@ def test_launch_plan_depends_on_shapes_only():
     assert paged.choose_mode(16, 32, 1, 4096, 132) == "split_k"
 
 
+def test_split_k_takes_narrow_deep_tiles_on_a_32_head_group_of_16_bit_rows():
+    from ws_lab.kernels import paged
+
+    mqa = paged.launch_config("split_k", 16, 1, 132, group=32, row_bytes=256)
+    assert (mqa.tile_n, mqa.num_stages) == (32, 6)
+    assert mqa.num_warps == paged.DEFAULTS["split_k"].num_warps
+    for group, row_bytes in ((8, 256), (16, 256), (64, 256), (32, 512)):  # not timed with it
+        assert paged.launch_config("split_k", 16, 1, 132, group, row_bytes) == \
+            paged.DEFAULTS["split_k"]
+
+
 def test_static_report_compiles_triton_kernels_for_sm90_without_a_gpu():
     from ws_lab.kernels import paged, triton_mha
     from ws_lab import shapes, triton_static
