@@ -18,8 +18,11 @@
 //     together, so the GPU reads one region of it at a time as a contiguous copy does (1-2 %
 //     faster than table order, notes/triton.md, Session 30). Attention does not depend on the
 //     order of full blocks; a partial last block keeps its place, where it is masked. The
-//     prologue's steps keep table order, so their loads are in flight during the sort. The
-//     sort's CTA barriers are all before the main loop.
+//     prologue's steps keep table order, so their loads are in flight during the sort: every
+//     stage where the launch left room for the sort's scratch past the walk (its table
+//     reads and its serial chain then hide behind 2 steps a warp: llama7b-8k 350.0 -> 348.1
+//     µs, Session 31), else all but the last, which holds the scratch. The sort's CTA
+//     barriers are all before the main loop.
 //   - QK^T and PV are mma.sync m16n8k16 (rows: the group's query heads, zero-padded to 16);
 //     P stays in registers as PV's A operand. K and V slots are XOR-swizzled per 16-byte
 //     chunk so ldmatrix (K) and ldmatrix.trans (V) are bank-conflict free.
@@ -30,9 +33,11 @@
 //     split; paged_merge then combines the segments.
 // Shared memory: the rings, NW · STAGES · BPS · 8 KB (2,2,2: 64 KB, three CTAs an SM; 4,2,2:
 // 128 KB), then the CTA's walk, 4 B a block (at most NW · MAX_WARP_SLOTS: 2,2,2 + 8 KB still
-// fits three CTAs an SM). The sort's scratch is the rings' last stage, which the main loop
-// fills first.
-// Registers: 240 a thread on sm_90, 221 on sm_80, no spills (O: 64 fp32, Q fragments: 32;
+// fits three CTAs an SM), then the sort's scratch, about 8 B a block, where paged_cuda.py
+// gives it room: wherever that costs no CTA an SM (2,2,2 up to 768 blocks, 12k tokens; 4,2,2
+// always). The kernel reads the size it was given. Without the room the scratch is the
+// rings' last stage, which the main loop fills first.
+// Registers: 244 a thread on sm_90, 219 on sm_80, no spills (O: 64 fp32, Q fragments: 32;
 // tests/cpu/test_paged_cuda.py pins the spills and the SASS counts).
 #include <climits>
 
@@ -299,7 +304,8 @@ __device__ __forceinline__ void decode(const Params<T>& a) {
   st.l_lo = st.l_hi = 0.f;
 
   for (int step = 0; step < my_steps; ++step) {
-    // Issue, then attend (measured 1 % faster than attend, then refill the slot just read).
+    // Issue, then attend: 0.1-1.1 % faster than attending, then refilling the slot just read
+    // (notes/triton.md, Session 31, run 260).
     // After a prologue of every stage the first step has nothing to issue.
     const bool all_issued = sort_ahead && step == 0;
     if (all_issued)

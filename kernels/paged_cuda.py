@@ -21,7 +21,9 @@ split_k there, Session 24, runs 156 and 158).
 Plan (``plan``): one CTA per (sequence, KV head) when that fills the GPU (2 warps, 2 stages of
 2 blocks: 64 KB of shared memory for the rings, and up to 8 KB for the CTA's sorted walk);
 otherwise the context is split into segments, about one CTA an SM (4 warps, 128 KB + up to
-16 KB), and ``paged_merge`` combines them.
+16 KB), and ``paged_merge`` combines them. Where it costs no CTA an SM, the launch adds room
+for the walk's sort (``CudaConfig.launch_smem``), so the kernel issues every ring stage before
+it sorts.
 """
 import ctypes
 import math
