@@ -607,6 +607,7 @@ def static_specs(heads, kv_heads, head_dim, block_size, dtype="float16"):
     from ws_lab.triton_static import StaticSpec
 
     elem = {"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32"}[dtype]
+    elem_bytes = 4 if dtype == "float32" else 2
     d_pad = triton.next_power_of_2(head_dim)
     group = heads // kv_heads
     types = {n: "i32" for n in _decode_gqa_kernel.arg_names}
@@ -615,11 +616,10 @@ def static_specs(heads, kv_heads, head_dim, block_size, dtype="float16"):
                  scale_log2="fp32")
     specs = []
     for mode, split in (("gqa", False), ("split_k", True)):
-        config = (split_k_config(group, d_pad * (4 if dtype == "float32" else 2)) if split
-                  else DEFAULTS[mode])
+        config = split_k_config(group, d_pad * elem_bytes) if split else DEFAULTS[mode]
         meta = dict(GROUP=group, G_PAD=max(MIN_DOT_ROWS, triton.next_power_of_2(group)),
                     D=head_dim, D_PAD=d_pad, BLOCK_SIZE=block_size, SPLIT=split, WIDE=False,
-                    TILE=tile_for(config, d_pad, 4 if dtype == "float32" else 2),
+                    TILE=tile_for(config, d_pad, elem_bytes),
                     IEEE=dtype == "float32",
                     MERGE_IN_KERNEL=split and group * STATIC_SEG_PAD <= config.merge_partials,
                     SEG_PAD=STATIC_SEG_PAD if split else 1,

@@ -155,8 +155,8 @@ def test_any_order_of_block_ids(kind, batch, kv_heads):
 
 @pytest.mark.parametrize("batch,kv_heads", [(8, 32), (4, 8)], ids=["whole", "split"])
 def test_the_output_repeats_to_the_bit(batch, kv_heads):
-    """The walk's order comes from the table alone (exact, by id then table position: the
-    atomics that bucket the ids do not decide it), so two calls agree bit for bit."""
+    """The walk's order comes from the table alone (ascending ids; the atomics that bucket
+    them only order equal ids, which are interchangeable), so two calls agree bit for bit."""
     import torch
 
     from ws_lab.kernels import paged
