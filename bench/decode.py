@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # import this checkout's ws_lab
 
-from ws_lab import cli, registry
+from ws_lab import cli, floors, registry
 from ws_lab.bench_decode import DecodeRow
 
 QWEN = dict(heads=14, kv_heads=2, head_dim=64)  # Qwen2.5-0.5B attention
@@ -43,11 +43,11 @@ def static_report(rows, json_path):
           dict(heads=heads, kv_heads=kv_heads, head_dim=head_dim))
          for heads, kv_heads, head_dim, dtype in layouts
          for spec in fused.static_specs(heads, kv_heads, head_dim, dtype)], json_path)
-    from ws_lab.kernels import fused_decode_cuda
-    from ws_lab.kernels.cubin import print_static_report
+    from ws_lab.kernels.decode import fused_decode_cuda
+    from ws_lab.kernels.decode.cubin import print_static_report
 
     print_static_report("\nthe CUDA kernel static calls at the rollout's shape run "
-                        "(kernels/fused_decode_cuda.cu)", fused_decode_cuda.static_report)
+                        "(kernels/decode/fused_decode_cuda.cu)", fused_decode_cuda.static_report)
 
 
 def _main(argv):
@@ -60,9 +60,9 @@ def _main(argv):
 
     if not torch.cuda.is_available():
         return static_report(rows, args.json)
-    from ws_lab import bench_decode, bench_paged
+    from ws_lab import bench_decode
 
-    copy, read = bench_paged.copy_bandwidth_gbps(), bench_paged.read_bandwidth_gbps()
+    copy, read = floors.copy_bandwidth_gbps(), floors.read_bandwidth_gbps()
     print(f"{torch.cuda.get_device_name()}: device copy {copy:.0f} GB/s (read + write), "
           f"read ceiling {read:.0f} GB/s (floor and % read use it)\n")
     results = []

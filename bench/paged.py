@@ -1,4 +1,4 @@
-"""Paged decode attention: every mode of kernels/paged.py (mode="cuda": kernels/paged_cuda.cu)
+"""Paged decode attention: every mode of kernels/decode/paged.py (backend="cuda": kernels/decode/paged_cuda.cu)
 vs SDPA (contiguous K/V), TileOPs' and FA-CuTe's paged ops and the HBM floor, in one process,
 on block tables where every physical block belongs to one sequence.
 
@@ -14,7 +14,7 @@ import json
 from dataclasses import asdict
 
 from ws_lab import bench_paged as bp
-from ws_lab import cli, registry
+from ws_lab import cli, floors, registry
 
 paged = registry.decode("paged")
 
@@ -94,12 +94,12 @@ def static_report(block_sizes, json_path):
 
 
 def print_cuda_report():
-    """mode="cuda"'s kernels: ptxas registers / spills and the SASS counts its design rests on
+    """backend="cuda"'s kernels: ptxas registers / spills and the SASS counts its design rests on
     (paged_cuda.static_report); skipped without nvcc."""
-    from ws_lab.kernels import paged_cuda
-    from ws_lab.kernels.cubin import print_static_report
+    from ws_lab.kernels.decode import paged_cuda
+    from ws_lab.kernels.decode.cubin import print_static_report
 
-    print_static_report("mode='cuda' (kernels/paged_cuda.cu)", paged_cuda.static_report)
+    print_static_report("backend='cuda' (kernels/decode/paged_cuda.cu)", paged_cuda.static_report)
 
 
 def _main(argv):
@@ -120,7 +120,7 @@ def _main(argv):
                 raise cli.UsageError(f"--{option} needs timings, and there is no CUDA device "
                                      "here")
         return static_report(args.block_size, args.json)
-    copy, read = bp.copy_bandwidth_gbps(), bp.read_bandwidth_gbps()
+    copy, read = floors.copy_bandwidth_gbps(), floors.read_bandwidth_gbps()
     print(f"{torch.cuda.get_device_name()}: device copy {copy:.0f} GB/s (read + write), "
           f"read ceiling {read:.0f} GB/s (floor and % read use it)\n")
     if args.tune:

@@ -28,7 +28,7 @@ def tune(cases):
     import triton.testing
 
     pipelined = registry.get("pipelined").module_object()
-    from ws_lab.check import check_attention, random_qkv
+    from ws_lab.testing import check_attention, random_qkv
 
     for shape in cases:
         dtype = getattr(torch, shape.dtype)

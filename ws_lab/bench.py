@@ -17,7 +17,6 @@ import argparse
 import itertools
 import json
 import math
-import random
 import statistics
 import sys
 import warnings
@@ -25,15 +24,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from ws_lab import registry, shapes
+from ws_lab import floors, registry, shapes, timing
+from ws_lab.shapes import DTYPES
 
-# Tensor-core and HBM ceilings of the H100 SXM used for the floor row (measured: NOTES.md).
-TENSOR_TFLOPS = 792.0
-HBM_TBPS = 3.0
-PEERS = ["sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "pipelined", "tileops", "fa-cute"]
-GAP_LABEL = {"sdpa-cudnn": "×cuDNN", "sdpa-flash": "×flash", "sdpa-efficient": "×mem-eff",
-             "pipelined": "×pipelined", "tileops": "×TileOPs", "fa-cute": "×FA-CuTe"}
-DTYPES = {"float16": "float16", "fp16": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16"}
+PEERS = ["fa3", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "pipelined", "tileops", "fa-cute"]
+GAP_LABEL = {"fa3": "×FA3", "sdpa-cudnn": "×cuDNN", "sdpa-flash": "×flash",
+             "sdpa-efficient": "×mem-eff", "pipelined": "×pipelined", "tileops": "×TileOPs",
+             "fa-cute": "×FA-CuTe"}
 
 
 @dataclass
@@ -52,7 +49,9 @@ class Row:
 
 
 def floor_ms(shape: shapes.Shape) -> float:
-    return max(shape.flops() / (TENSOR_TFLOPS * 1e12), shape.min_bytes() / (HBM_TBPS * 1e12)) * 1e3
+    """The shape's floor (``floors.floor_ms``): its FLOPs on the tensor cores, or its bytes at
+    the HBM copy rate."""
+    return floors.floor_ms(shape.flops(), shape.min_bytes())
 
 
 # --- implementations: each returns a zero-argument callable producing a BSHD-shaped output ---
@@ -125,11 +124,32 @@ def _fa_cute_impl():
     return make
 
 
+def _fa3_impl():
+    """FlashAttention-3's own C++ Hopper forward (the ``fa3-fwd`` wheel: ``hopper/`` built
+    forward-only, bf16 and FP8, no fp16; ``../shared/gpu/bundle-fa3``), BSHD with native GQA and
+    the (64, 512) LargeHeadDimV pair."""
+    def make(q, k, v, causal):
+        import torch
+        from fa3_fwd_interface import flash_attn_func
+
+        if q.dtype != torch.bfloat16:
+            raise TypeError(f"fa3-fwd is built for bf16 and FP8 only, got {q.dtype}")
+
+        def call():
+            out = flash_attn_func(q, k, v, causal=causal)
+            return out[0] if isinstance(out, tuple) else out  # (out, lse) on request
+
+        return call
+
+    return make
+
+
 def implementations(lab_kernels: list[str]) -> dict[str, Callable]:
     impls = {name: _lab_impl(name) for name in dict.fromkeys(lab_kernels + ["pipelined"])}
     impls["sdpa-cudnn"] = _sdpa_impl("CUDNN_ATTENTION")
     impls["sdpa-flash"] = _sdpa_impl("FLASH_ATTENTION")
     impls["sdpa-efficient"] = _sdpa_impl("EFFICIENT_ATTENTION")
+    impls["fa3"] = _fa3_impl()
     impls["tileops"] = _tileops_impl()
     impls["fa-cute"] = _fa_cute_impl()
     return impls
@@ -137,71 +157,20 @@ def implementations(lab_kernels: list[str]) -> dict[str, Callable]:
 
 # --- measuring ---
 
-ROTATE_L2_MULTIPLE = 4  # rotating input sets hold this many times the L2 together
-
-
-def rotation_count(set_bytes: int, device, cap: int) -> int:
-    """How many input sets of ``set_bytes`` to cycle through so that no timing measures the L2
-    (at most ``cap``)."""
-    import torch
-
-    l2 = torch.cuda.get_device_properties(device).L2_cache_size
-    return min(cap, max(1, math.ceil(ROTATE_L2_MULTIPLE * l2 / set_bytes)))
+DEFAULT_ROUNDS = 8
+round_orders, time_rounds = timing.round_orders, timing.time_rounds  # the runners' one loop
 
 
 def _input_sets(shape: shapes.Shape, device):
     """Enough independent input sets that cycling through them defeats the L2 cache."""
     import torch
 
-    from ws_lab.check import random_qkv
+    from ws_lab.testing import random_qkv
 
-    count = rotation_count(shape.min_bytes(), device, cap=8)
+    count = timing.rotation_count(shape.min_bytes(), device, cap=8)
     dtype = getattr(torch, shape.dtype)
     return [random_qkv(shape.batch, shape.seq_len, shape.heads, shape.kv_heads, shape.head_dim,
                        shape.head_dim_v, dtype, device)[0] for _ in range(count)]
-
-
-ROUND_WARMUP_MS, ROUND_REP_MS = 50, 250  # per implementation and round
-DEFAULT_ROUNDS = 8
-ROUND_ORDER_SEED = 0
-
-
-def round_orders(names: list[str], rounds: int, seed: int = ROUND_ORDER_SEED) -> list[list[str]]:
-    """The timing order of each round: a seeded shuffle of ``names`` per round, none timed
-    twice in a row across a round boundary. A fixed order reversed every other round gave each
-    implementation the same neighbours and timed the two ends twice back to back; in run 37
-    (NOTES.md) the ends' round medians moved 1-4 % between forward and reversed rounds, with a
-    sign that changed from shape to shape. Shuffled neighbours turn that bias into
-    round-to-round spread, which the median absorbs."""
-    rng = random.Random(seed)
-    orders, last = [], None
-    for _ in range(rounds):
-        order = list(names)
-        rng.shuffle(order)
-        if len(order) > 1 and order[0] == last:
-            order.append(order.pop(0))  # the previous round's last goes to this round's end
-        orders.append(order)
-        last = order[-1]
-    return orders
-
-
-def time_rounds(calls: dict[str, Callable], rounds: int):
-    """Median ms of each zero-argument callable in each of ``rounds`` rounds, in the orders of
-    ``round_orders``. Returns ({name: ms per round}, {name: exception}); a call that raises is
-    timed no more and left out of the first dict."""
-    import triton.testing
-
-    times, failed = {name: [] for name in calls}, {}
-    for order in round_orders(list(calls), rounds):
-        for name in order:
-            if name in failed:
-                continue
-            try:
-                times[name].append(triton.testing.do_bench(
-                    calls[name], warmup=ROUND_WARMUP_MS, rep=ROUND_REP_MS, return_mode="median"))
-            except Exception as exc:  # e.g. out of memory beside the others' inputs
-                failed[name] = exc
-    return {n: t for n, t in times.items() if n not in failed}, failed
 
 
 def _note(exc: Exception) -> str:
@@ -257,7 +226,7 @@ def measure(shape: shapes.Shape, impls: dict[str, Callable], is_lab: set[str],
     torch.cuda.empty_cache()
     floor = Row("floor", shape.name, shape.seq_len, mask, shape.dtype, floor_ms(shape))
     floor.tflops = shape.flops() / (floor.ms * 1e9)
-    floor.note = (f"max({TENSOR_TFLOPS:.0f} TFLOP/s, {HBM_TBPS} TB/s); "
+    floor.note = (f"max({floors.TENSOR_TFLOPS:.0f} TFLOP/s, {floors.HBM_TBPS} TB/s); "
                   f"{len(sets)} rotating input set(s), {rounds} interleaved round(s)")
     rows.append(floor)
     return rows

@@ -1,16 +1,16 @@
 """The runner's per-layer decode path: one decode step of one attention layer (RoPE on q and the
 new k, the KV-cache write, attention over [0, position]), every implementation in one process,
 on the same inputs, each checked against the float64 oracle once and timed by CUDA-graph
-replays (``bench_paged._time_us``) cycling through enough input sets that the bytes they read
+replays (``timing.graph_replay_us``) cycling through enough input sets that the bytes they read
 hold 4× the L2 (at most MAX_SETS):
 
-  fused        kernels/fused_decode.py on HF-StaticCache-layout caches (B, Hkv, Lmax, D);
+  fused        kernels/decode/fused_decode.py on HF-StaticCache-layout caches (B, Hkv, Lmax, D);
   unfused      HF's apply_rotary_pos_emb, index_copy_ of k / v into the static cache, then SDPA:
                "eager" over a length slice of the cache (plain do_bench: host launches
                included), "graph" over the whole cache with a mask (HF's static-cache path);
   paged+rope   the same RoPE and a scatter into a paged cache (16-token blocks, each sequence
-               its own), then kernels/paged.py's ``auto``;
-  floor        the K/V bytes the step must read over the measured copy bandwidth.
+               its own), then kernels/decode/paged.py's ``auto``;
+  floor        the K/V bytes the step must read over the measured read ceiling (``floors``).
 
 cos / sin per step and the mask are built once per step in a model and shared by its layers:
 they are made outside the timed call.
@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ws_lab import oracle, registry
-from ws_lab.bench_paged import _time_us
-from ws_lab.decode_cases import TOLERANCE, apply_rope, rope_tables
+from ws_lab import floors, oracle, registry, timing
+from ws_lab.decode_cases import TOLERANCE
+from ws_lab.rope import apply_rope, rope_tables
 
 MAX_SETS = 32
 
@@ -139,15 +139,13 @@ def _implementations(row: DecodeRow, apply_rope):
 def measure_row(row: DecodeRow, read_gbps: float) -> DecodeResult:
     import triton.testing
 
-    from ws_lab.bench import rotation_count
-
     res = DecodeResult(row, read_gbps=read_gbps)
     apply_rope, source = hf_rope()
     res.notes["rope"] = source
     dtype = getattr(torch, row.dtype)
     cos, sin = rope_tables(row.capacity, row.head_dim, dtype=dtype, device="cuda")
     gen = torch.Generator(device="cuda").manual_seed(0)
-    n_sets = rotation_count(row.kv_bytes_read(), "cuda", cap=MAX_SETS)
+    n_sets = timing.rotation_count(row.kv_bytes_read(), "cuda", cap=MAX_SETS)
     sets = [_Set(row, cos, sin, gen) for _ in range(n_sets)]
     res.notes["sets"] = n_sets
     s0 = sets[0]
@@ -161,14 +159,14 @@ def measure_row(row: DecodeRow, read_gbps: float) -> DecodeResult:
     for name, impl in calls.items():
         try:
             res.errors[name] = oracle.rel_l2(impl[0](), ref)  # fused: into the NaN-filled out
-            res.us[name] = _time_us(impl)
+            res.us[name] = timing.graph_replay_us(impl)
         except Exception as exc:  # a peer that cannot run the row shows n/a
             res.notes[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
     eager = unfused(s0, False)
     res.errors["unfused eager"] = oracle.rel_l2(eager(), ref)
     res.us["unfused eager"] = 1e3 * triton.testing.do_bench(eager, warmup=25, rep=100,
                                                             return_mode="median")
-    res.us["floor"] = row.kv_bytes_read() / (read_gbps * 1e9) * 1e6
+    res.us["floor"] = 1e3 * floors.floor_ms(nbytes=row.kv_bytes_read(), gbps=read_gbps)
     for name, err in res.errors.items():
         if not err <= TOLERANCE[dtype]:
             res.notes[name + " rel-err"] = f"{err:.2e} over the tolerance {TOLERANCE[dtype]:.1e}"

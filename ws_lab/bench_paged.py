@@ -2,17 +2,15 @@
 
 Each row times every mode of ``kernels.paged``, torch SDPA on the same K/V made contiguous
 (``enable_gqa=True``, the copy not timed), TileOPs' ``GQAPagedFwdOp`` and the HBM floor (bytes
-that must move / device-to-device copy bandwidth measured in the same process). Correctness of
+that must move over the read ceiling measured in the same process, ``floors``). Correctness of
 each mode is checked against the float64 oracle on the row's own inputs first. Every timing
 rotates through enough input sets to hold 4× the L2 (``rotation``), so no row times the cache.
 """
 from dataclasses import dataclass, field
 
 import torch
-import triton
-import triton.language as tl
 
-from ws_lab import oracle, registry
+from ws_lab import floors, oracle, registry, timing
 from ws_lab.paged_cases import make_paged
 
 
@@ -42,84 +40,13 @@ class PagedResult:
     read_gbps: float = 0.0  # the read ceiling (read_bandwidth_gbps)
 
 
-def copy_bandwidth_gbps() -> float:
-    """Device-to-device copy of 1 GiB, bytes read + written over the median time."""
-    import triton.testing
-
-    src = torch.empty(1 << 29, dtype=torch.float16, device="cuda").normal_()
-    dst = torch.empty_like(src)
-    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=50, rep=300, return_mode="median")
-    return 2 * src.numel() * 2 / (ms * 1e-3) / 1e9
-
-
-@triton.jit
-def _read_probe_kernel(X, Sums, elems_per_program, BLOCK: tl.constexpr):
-    """Sums one contiguous slab of X per program: a read stream with one store per program."""
-    base = X + tl.program_id(0).to(tl.int64) * elems_per_program
-    acc = tl.zeros([BLOCK], tl.float32)
-    for start in range(0, elems_per_program, BLOCK):
-        acc += tl.load(base + start + tl.arange(0, BLOCK)).to(tl.float32)
-    tl.store(Sums + tl.program_id(0), tl.sum(acc, 0))
-
-
-READ_PROBE = dict(programs=16384, BLOCK=16384, num_warps=16)  # best of 72 (NOTES.md, session 16)
-
-
-def read_bandwidth_gbps() -> float:
-    """The read ceiling of a decode kernel (it reads K/V and writes almost nothing): bytes over
-    the median time of ``_read_probe_kernel`` summing 2 GiB. On the H100 it reads at ~3130 GB/s,
-    4 % above the 1 GiB copy's read + write rate: a copy does not bound a read-only kernel
-    (SDPA's llama7b-8k decode read at 103 % of copy, NOTES.md paged, session 15). The sum is
-    checked, so the probe cannot time a kernel that skipped its loads."""
-    import triton.testing
-
-    src = torch.empty(1 << 30, dtype=torch.float16, device="cuda").normal_()
-    programs, block = READ_PROBE["programs"], READ_PROBE["BLOCK"]
-    sums = torch.empty(programs, dtype=torch.float32, device="cuda")
-
-    def read():
-        _read_probe_kernel[(programs,)](src, sums, src.numel() // programs, BLOCK=block,
-                                        num_warps=READ_PROBE["num_warps"])
-
-    read()
-    expected = src.sum(dtype=torch.float32)
-    if not torch.allclose(sums.sum(), expected, rtol=1e-3, atol=1e-3 * src.numel() ** 0.5):
-        raise RuntimeError(f"read probe summed {float(sums.sum())}, expected {float(expected)}")
-    ms = triton.testing.do_bench(read, warmup=50, rep=300, return_mode="median")
-    del src
-    return 2 * (1 << 30) / (ms * 1e-3) / 1e9
-
-
-def _time_us(calls) -> float:
-    """Median µs of CUDA-graph replays, the call cycling through ``calls`` (one per input set,
-    see ``rotation``): these kernels run for tens of µs, less than one Python call of the
-    wrapper, so plain do_bench would time the host. Falls back to do_bench for an implementation
-    that cannot be captured."""
-    import itertools
-
-    import triton.testing
-
-    turn = itertools.cycle(calls)
-
-    def fn():
-        return next(turn)()
-
-    try:
-        return 1e3 * triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
-    except RuntimeError:
-        torch.cuda.synchronize()
-        return 1e3 * triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
-
-
 MAX_SETS = 1024  # the smallest sweep rows (0.3 MB of K/V) need ~700 sets to cover 4× the L2
 
 
 def rotation(row: PagedRow) -> int:
     """Input sets to rotate through: back-to-back replays over one K/V that fits in L2 would
     time the L2 (a 34 MB row ran at 109 % of HBM copy bandwidth that way)."""
-    from ws_lab.bench import rotation_count
-
-    return max(2, rotation_count(row.kv_bytes(), "cuda", cap=MAX_SETS))
+    return max(2, timing.rotation_count(row.kv_bytes(), "cuda", cap=MAX_SETS))
 
 
 def measure_row(row: PagedRow, modes, read_gbps, with_peers=True, config=None) -> PagedResult:
@@ -139,20 +66,22 @@ def measure_row(row: PagedRow, modes, read_gbps, with_peers=True, config=None) -
     res.notes["sets"] = len(sets)
     for mode in modes:
         out = torch.full_like(q, float("nan"))
+        # a column is a Triton mode, "auto", or "cuda" (the CUDA backend)
+        kwargs = dict(backend="cuda") if mode == "cuda" else dict(mode=mode, **launch)
         try:
-            paged.paged_attention(q, kc, vc, table, lens, mode=mode, out=out, **launch)
-        except (TypeError, ValueError) as exc:  # outside the mode's scope (mode="cuda"): n/a
+            paged.paged_attention(q, kc, vc, table, lens, out=out, **kwargs)
+        except (TypeError, ValueError) as exc:  # outside the backend's scope: n/a
             res.us[mode] = None
             res.notes[mode] = _note(exc)
             continue
         res.errors[mode] = oracle.rel_l2(out, ref)
-        res.us[mode] = _time_us([
-            lambda s=s: paged.paged_attention(s[0], s[1], s[2], table, lens, mode=mode, out=out,
-                                              **launch) for s in sets])
-    res.notes["auto"] = paged.auto_mode(q, kc, vc, table, paged._sm_count(q.device), config)
+        res.us[mode] = timing.graph_replay_us([
+            lambda s=s, kw=kwargs: paged.paged_attention(s[0], s[1], s[2], table, lens, out=out,
+                                                         **kw) for s in sets])
+    res.notes["auto"] = paged.plan_for(q, kc, table, config=config, v_cache=vc).kernel
     if with_peers:
         _measure_peers(res, sets, table, lens, ref)
-    res.us["floor"] = row.kv_bytes() / (read_gbps * 1e9) * 1e6
+    res.us["floor"] = 1e3 * floors.floor_ms(nbytes=row.kv_bytes(), gbps=read_gbps)
     del sets
     torch.cuda.empty_cache()
     return res
@@ -179,7 +108,7 @@ def _measure_peers(res, sets, table, lens, ref):
         sdpa = [lambda d=d: F.scaled_dot_product_attention(
             *d, enable_gqa=row.heads != row.kv_heads) for d in dense]
         res.peer_errors["sdpa"] = oracle.rel_l2(sdpa[0]()[:, :, 0], ref)
-        res.us["sdpa"] = _time_us(sdpa)
+        res.us["sdpa"] = timing.graph_replay_us(sdpa)
         del dense, sdpa
     except RuntimeError as exc:
         res.notes["sdpa"] = _note(exc)
@@ -187,7 +116,7 @@ def _measure_peers(res, sets, table, lens, ref):
         try:
             calls = make(sets, table, lens)
             res.peer_errors[name] = oracle.rel_l2(calls[0](), ref)
-            res.us[name] = _time_us(calls)
+            res.us[name] = timing.graph_replay_us(calls)
         except Exception as exc:  # absent or refusing: n/a
             res.notes[name] = _note(exc)
 
@@ -244,7 +173,7 @@ def table(results, modes) -> str:
 
 def within(results, tolerance=0.05) -> tuple[int, int]:
     """How many rows have auto within ``tolerance`` of the best single mode it chooses from
-    (``paged.AUTO_CHOICES``; mode="cuda" where it ran)."""
+    (``paged.AUTO_CHOICES``; backend="cuda" where it ran)."""
     paged = registry.decode("paged")
 
     hits = 0
@@ -265,7 +194,7 @@ def sweep_rows() -> list[PagedRow]:
 
 def rule_table(results) -> str:
     """Per sweep row: the features the auto rule may use and each mode's time (n/a: outside
-    mode="cuda"'s scope)."""
+    backend="cuda"'s scope)."""
     paged = registry.decode("paged")
 
     modes = paged.AUTO_CHOICES

@@ -1,20 +1,16 @@
-"""Input validation for every kernel entry point, and the correctness check against the oracle."""
+"""Input validation for every kernel entry point: types, shapes, layouts, devices, scales and
+overlaps, refused with a TypeError / ValueError naming the problem before any launch. Test
+helpers (random inputs, the check against the oracle) live in ``ws_lab.testing``."""
 from __future__ import annotations
 
 import math
 import numbers
 import os
-import secrets
 from dataclasses import dataclass
 
 import numpy
 import torch
 
-from ws_lab import oracle
-
-# Relative L2 error ‖out−ref‖/‖ref‖ allowed per input dtype (P is rounded to the input dtype
-# before the PV GEMM, so the error is a few ulps of that dtype).
-TOLERANCE = {torch.float16: 2e-3, torch.bfloat16: 1.2e-2, torch.float32: 1e-5}
 
 _TL_DTYPE = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
@@ -113,22 +109,43 @@ def validate_scale(softmax_scale, head_dim: int) -> float:
     return float(softmax_scale)
 
 
-def runs_triton(device) -> bool:
+@dataclass(frozen=True)
+class Support:
+    """The answer of every ``supports`` predicate of the lab: true when the kernel runs the call,
+    else false with the reason (and the exception type a call that needs it raises)."""
+    reason: str = ""
+    error: type = ValueError
+
+    def __bool__(self) -> bool:
+        return not self.reason
+
+    def require(self, who: str) -> None:
+        """Raises ``error`` naming ``who`` and the reason when the call is not supported."""
+        if self.reason:
+            raise self.error(f"{who}: {self.reason}")
+
+
+SUPPORTED = Support()
+
+
+def triton_supports(device) -> Support:
     """Whether Triton kernels run on ``device``: CUDA, or the CPU under TRITON_INTERPRET=1."""
-    return device.type == "cuda" or (device.type == "cpu"
-                                     and os.environ.get("TRITON_INTERPRET") == "1")
+    if device.type == "cuda" or (device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"):
+        return SUPPORTED
+    return Support(f"inputs must be CUDA tensors (CPU tensors only under TRITON_INTERPRET=1), "
+                   f"got {device.type} tensors")
 
 
 def require_device(device, devices: str) -> None:
-    """``devices``: "cuda" — CUDA only; "triton" — ``runs_triton`` (CUDA, or the CPU under
+    """``devices``: "cuda" — CUDA only; "triton" — ``triton_supports`` (CUDA, or the CPU under
     Triton's interpreter); "any" — no check (fake tensors)."""
     if devices == "any" or device.type == "cuda":
         return
     if devices == "triton":
-        if runs_triton(device):
+        support = triton_supports(device)
+        if support:
             return
-        raise ValueError(f"inputs must be CUDA tensors (CPU tensors only under "
-                         f"TRITON_INTERPRET=1), got {device.type} tensors")
+        raise ValueError(support.reason)
     raise ValueError(f"inputs must be CUDA tensors, got {device.type} tensors")
 
 
@@ -152,42 +169,3 @@ def refuse_overlapping_out(out, **inputs) -> None:
     for name, t in inputs.items():
         if out is not None and isinstance(t, torch.Tensor) and overlaps(out, t):
             raise ValueError(f"out overlaps {name} in memory; give a separate output buffer")
-
-
-def random_qkv(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, dtype, device, seed=None):
-    """Fresh N(0,1) q, k, v (never zeros); returns them and the seed that reproduces them."""
-    seed = secrets.randbits(31) if seed is None else seed
-    gen = torch.Generator(device=device).manual_seed(seed)
-
-    def randn(*shape):
-        return torch.randn(*shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
-
-    q = randn(batch, seq_len, heads, head_dim)
-    k = randn(batch, seq_len, kv_heads, head_dim)
-    v = randn(batch, seq_len, kv_heads, head_dim_v)
-    return (q, k, v), seed
-
-
-@dataclass
-class CheckResult:
-    rel_err: float
-    tolerance: float
-    seed: int
-
-    @property
-    def ok(self) -> bool:
-        return self.rel_err <= self.tolerance  # NaN compares False
-
-    def __str__(self):
-        return f"rel_err={self.rel_err:.3e} (tol {self.tolerance:.1e}, seed {self.seed})"
-
-
-def check_attention(fn, batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtype,
-                    device="cuda", softmax_scale=None) -> CheckResult:
-    """Runs ``fn(q, k, v, causal=, softmax_scale=, out=)`` on fresh random inputs into a
-    NaN-poisoned output and compares with the float64 oracle."""
-    (q, k, v), seed = random_qkv(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, dtype, device)
-    out = torch.full((batch, seq_len, heads, head_dim_v), float("nan"), dtype=dtype, device=device)
-    fn(q, k, v, causal=causal, softmax_scale=softmax_scale, out=out)
-    ref, _ = oracle.attention_ref(q, k, v, causal=causal, softmax_scale=softmax_scale)
-    return CheckResult(oracle.rel_l2(out, ref), TOLERANCE[dtype], seed)

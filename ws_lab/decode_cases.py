@@ -10,24 +10,10 @@ from dataclasses import dataclass
 import torch
 
 from ws_lab import oracle
+from ws_lab.rope import rope_tables
 
 # rel-L2 of the output vs the float64 oracle (bf16 meets vLLM's atol 1.5e-2 / rtol 1e-2 too)
 TOLERANCE = {torch.float16: 2e-3, torch.bfloat16: 1.2e-2}
-
-
-def rope_tables(length, head_dim, theta=1e6, dtype=torch.float16, device="cpu"):
-    """HF Llama / Qwen2 cos and sin (length, head_dim) for ``rope_theta`` (Qwen2.5: 1e6)."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-    angles = torch.arange(length, dtype=torch.float64)[:, None] * inv_freq[None, :]
-    emb = torch.cat([angles, angles], dim=-1)
-    return emb.cos().to(dtype).to(device), emb.sin().to(dtype).to(device)
-
-
-def apply_rope(x, cos, sin):
-    """HF's apply_rotary_pos_emb on one of q / k, in x's dtype: x·cos + rotate_half(x)·sin,
-    rotate_half(x) = cat(−x[D/2:], x[:D/2]); cos / sin broadcast to x."""
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
 @dataclass

@@ -141,8 +141,6 @@ DEFAULT_SHAPE = "llama8b-4k"  # where the kernel supports it; else its first reg
 
 
 def _parser():
-    from ws_lab.bench import DTYPES
-
     ap = cli.ArgumentParser(prog="python -m ws_lab.emit", description=__doc__.splitlines()[0])
     ap.add_argument("kernel", choices=sorted(registry.KERNELS), help="a registered kernel")
     ap.add_argument("--shape", choices=sorted(shapes.SHAPES),
@@ -150,7 +148,7 @@ def _parser():
                          "supports it, else the first registered shape it supports)")
     ap.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None,
                     help="override the shape's default mask")
-    ap.add_argument("--dtype", choices=sorted(DTYPES), default="float16",
+    ap.add_argument("--dtype", choices=sorted(shapes.DTYPES), default="float16",
                     help="element type of q, k, v (fp16 = float16, bf16 = bfloat16)")
     ap.add_argument("--out", type=Path, default=None,
                     help="a directory to keep .cu/.post.cu/.diff/.cubin/.sass in (created)")
@@ -165,14 +163,12 @@ def shape_for(kernel: str, shape_name: str | None, dtype: str = "float16",
     """The case ``emit`` lowers: the named shape, or the kernel's default (``DEFAULT_SHAPE``
     where it runs it, else its first registered shape); refuses a shape the kernel does not
     run with a ``UsageError`` naming what it runs."""
-    from ws_lab.bench import DTYPES
-
     supported = registry.supported_shapes(kernel)
     if shape_name is None:
         if not supported:
             raise cli.UsageError(f"{kernel} supports no registered shape")
         shape_name = next((s.name for s in supported if s.name == DEFAULT_SHAPE), supported[0].name)
-    shape = shapes.get(shape_name).with_dtype(DTYPES[dtype])
+    shape = shapes.get(shape_name).with_dtype(shapes.DTYPES[dtype])
     if causal is not None:
         shape = shape.with_mask(causal)
     if not registry.get(kernel).supports(shape):

@@ -9,6 +9,8 @@ import math
 
 import torch
 
+from ws_lab.rope import apply_rope
+
 # float64 score elements materialized at once (2^27 = 1 GiB).
 _SCORE_ELEMS = 1 << 27
 
@@ -83,10 +85,7 @@ def paged_attention_ref(q, k_cache, v_cache, block_table, context_lens, softmax_
 def rope_ref(x, cos, sin):
     """Rotate-half RoPE (HF Llama / Qwen2 ``apply_rotary_pos_emb``) in float64: x (..., D) with
     cos / sin broadcast to it."""
-    x, cos, sin = (t.to(torch.float64) for t in (x, cos, sin))
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
+    return apply_rope(*(t.to(torch.float64) for t in (x, cos, sin)))
 
 
 def fused_decode_ref(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, softmax_scale=None,

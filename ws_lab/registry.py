@@ -61,14 +61,14 @@ def _register(name: str, module: str, **options) -> None:
     KERNELS[name] = Kernel(name, module, tuple(sorted(options.items())))
 
 
-_register("pipelined", "ws_lab.kernels.pipelined")
-_register("coop", "ws_lab.kernels.coop", pingpong=True)
-_register("coop-nopp", "ws_lab.kernels.coop", pingpong=False)
-_register("coop-overlap", "ws_lab.kernels.coop_overlap", pingpong=True)
-_register("coop-overlap-nopp", "ws_lab.kernels.coop_overlap", pingpong=False)
-_register("coop-overlap-persistent", "ws_lab.kernels.coop_overlap", pingpong=True, persistent=True)
-_register("largehdv", "ws_lab.kernels.largehdv")
-_register("triton-mha", "ws_lab.kernels.triton_mha")
+_register("pipelined", "ws_lab.kernels.fwd.pipelined")
+_register("coop", "ws_lab.kernels.fwd.coop", pingpong=True)
+_register("coop-nopp", "ws_lab.kernels.fwd.coop", pingpong=False)
+_register("coop-overlap", "ws_lab.kernels.fwd.coop_overlap", pingpong=True)
+_register("coop-overlap-nopp", "ws_lab.kernels.fwd.coop_overlap", pingpong=False)
+_register("coop-overlap-persistent", "ws_lab.kernels.fwd.coop_overlap", pingpong=True, persistent=True)
+_register("largehdv", "ws_lab.kernels.fwd.largehdv")
+_register("triton-mha", "ws_lab.kernels.fwd.triton_mha")
 
 
 def get(name: str) -> Kernel:
@@ -87,11 +87,11 @@ def supported_shapes(name: str) -> list[Shape]:
 
 # Decode families: their own call signature (paged / static KV caches), so they are not
 # ``Kernel``s; the harness reaches them through ``decode(name)``, never by module path.
-DECODE: dict[str, str] = {"paged": "ws_lab.kernels.paged",
-                          "fused": "ws_lab.kernels.fused_decode",
-                          "layer_ops": "ws_lab.kernels.decode_layer",
-                          "sampling": "ws_lab.kernels.sampling",
-                          "rollout_step": "ws_lab.kernels.rollout_step"}
+DECODE: dict[str, str] = {"paged": "ws_lab.kernels.decode.paged",
+                          "fused": "ws_lab.kernels.decode.fused_decode",
+                          "layer_ops": "ws_lab.kernels.step.decode_layer",
+                          "sampling": "ws_lab.kernels.step.sampling",
+                          "rollout_step": "ws_lab.kernels.step.rollout_step"}
 
 
 def decode(name: str):

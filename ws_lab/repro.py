@@ -54,7 +54,7 @@ FENCE_PINS = ("fence_operand_num_regs", "gemm_fence_two_warpgroups", "wgmma_fenc
               "fence_proxy_for_unrelated_smem")
 
 
-def _module(name: str):
+def pin_module(name: str):
     if name not in names():
         raise ValueError(f"unknown repro {name!r}; known: {', '.join(names())}")
     return importlib.import_module(f"ws_lab.upstream.{name}")
@@ -117,7 +117,7 @@ def bundle(name: str) -> str:
 
     from ws_lab.upstream import lower_sm90a
 
-    mod = _module(name)
+    mod = pin_module(name)
     result = mod.check()
     shows = getattr(mod, "EXCERPT", _EXCERPT)
     run = getattr(mod, "run", None)
@@ -218,7 +218,7 @@ def script(name: str) -> str:
 
     from ws_lab.upstream import Outcome, Result, verdict
 
-    mod = _module(name)
+    mod = pin_module(name)
     protocol = "\n\n".join(inspect.getsource(obj) for obj in (Outcome, Result, verdict))
     body = _LAB_IMPORT.sub("", inspect.getsource(mod))
     return (_PREAMBLE.format(title=mod.TITLE, triage=mod.TRIAGE, version=tilelang.__version__)
@@ -266,7 +266,7 @@ def against(spec: str, workdir: Path) -> list[tuple[str, str, str, str]]:
         found = _SCRIPT_LINE.search(done.stdout)
         there = (found.group(2) if found else
                  f"error: {(done.stderr.strip().splitlines() or ['no output'])[-1][:120]}")
-        rows.append((name, _module(name).check().outcome.value, there,
+        rows.append((name, pin_module(name).check().outcome.value, there,
                      found.group(1) if found else "?"))
     return rows
 

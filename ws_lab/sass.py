@@ -122,7 +122,7 @@ _TURN_ARRIVE = re.compile(r"^BAR\.ARV\s+0x([0-9a-f]+),\s*0x100$")
 
 def issue_turns(sass: str, barrier_ids=(1, 2)) -> list[IssueTurn]:
     """The issue turns of a pingpong kernel (named barriers ``barrier_ids`` over 256 threads,
-    kernels/coop.py ``NamedBarrier.WARP_SCHEDULER_WG1/2``), in program order."""
+    kernels/fwd/coop.py ``NamedBarrier.WARP_SCHEDULER_WG1/2``), in program order."""
     turns, events, polled = [], None, False
     for ins in sass_instructions(sass):
         opcode = ins.split()[1] if ins.startswith("@") else ins.split()[0]

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+# --dtype's names: the element type of q, k, v
+DTYPES = {"float16": "float16", "fp16": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16"}
+
 
 @dataclass(frozen=True)
 class Shape:

@@ -7,7 +7,8 @@ import os
 import triton
 import triton.language as tl
 
-from ws_lab.kernels.sampling import _first_k, _kth_largest_key, _min_max, _order_key
+from ws_lab.kernels.decode import triton_common
+from ws_lab.kernels.step.sampling import first_k, kth_largest_key, min_max, order_key
 
 # (batch, Hq, Hkv, D, block_size, context lens): groups 1/4/8/32, D 80/96, lens 1/17/513
 PAGED = [(3, 4, 1, 64, 16, [1, 17, 513]), (2, 8, 1, 80, 8, [17, 1]), (1, 32, 1, 128, 32, [513]),
@@ -33,7 +34,9 @@ def main():
     assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
     import torch
 
-    from ws_lab.kernels import paged, triton_mha
+    from ws_lab.kernels.decode import paged
+
+    from ws_lab.kernels.fwd import triton_mha
     from ws_lab import oracle
     from ws_lab.paged_cases import check_paged, make_paged, variants
 
@@ -45,12 +48,12 @@ def main():
                 results[f"paged-{name}-{dtype}-B{b}-{hq}/{hkv}-D{d}-bs{bs}-ctx{lens}"] = [err, tol]
         for seq, causal in MHA:
             q, k, v = (torch.randn(2, seq, h, 64).to(dtype) for h in (4, 2, 2))
-            out = triton_mha._launch(q, k, v, torch.full_like(q, float("nan")), causal, 0.125)
+            out = triton_mha.launch(q, k, v, torch.full_like(q, float("nan")), causal, 0.125)
             ref, _ = oracle.attention_ref(q, k, v, causal=causal, softmax_scale=0.125)
             tol = 1e-5 if dtype == torch.float32 else 2e-3
             results[f"mha-{dtype}-S{seq}-{'causal' if causal else 'full'}"] = [oracle.rel_l2(out, ref), tol]
     from ws_lab.decode_cases import check_decode, make_decode
-    from ws_lab.kernels import fused_decode
+    from ws_lab.kernels.decode import fused_decode
 
     for b, hq, hkv, d, cap, pos, bs in FUSED:
         fn = (fused_decode.fused_decode_attention if bs is None
@@ -79,7 +82,7 @@ def main():
     _sampling_cases(results)
     _rollout_step_cases(results)
     # the in-kernel merge ran and left its arrival counters zeroed for the next call: [sum, 0]
-    counters = list(paged._ARRIVALS.values())
+    counters = triton_common.cached_arrival_counters()
     results["paged-arrival-counters-reset"] = [
         float(sum(int(c.sum()) for c in counters)) if counters else float("inf"), 0.0]
     print(json.dumps(results))
@@ -90,7 +93,7 @@ def _linear_cases(results):
     import torch
 
     from ws_lab import oracle
-    from ws_lab.kernels import decode_layer as dl
+    from ws_lab.kernels.step import decode_layer as dl
 
     for m, n, k, epilogue, fields in LINEAR:
         cfg = dl.LinearConfig(*fields) if fields else None
@@ -127,10 +130,10 @@ def _select_kernel(X, Slot, n, K: tl.constexpr, N_PAD: tl.constexpr, SHIFT: tl.c
     """The sampler's selection alone: Slot = each of the K largest of X[:n]'s rank among them
     in index order (ties in index order), −1 elsewhere."""
     i = tl.arange(0, N_PAD)
-    keys = tl.where(i < n, _order_key(tl.load(X + i, mask=i < n), SHIFT), -2147483647 - 1)
-    key_min, key_max = tl.reduce((keys, keys), 0, _min_max)
-    tau, n_above = _kth_largest_key(keys, K, key_min, key_max.to(tl.int64) + 1)
-    keep, slot = _first_k(keys, K, tau, n_above)
+    keys = tl.where(i < n, order_key(tl.load(X + i, mask=i < n), SHIFT), -2147483647 - 1)
+    key_min, key_max = tl.reduce((keys, keys), 0, min_max)
+    tau, n_above = kth_largest_key(keys, K, key_min, key_max.to(tl.int64) + 1)
+    keep, slot = first_k(keys, K, tau, n_above)
     tl.store(Slot + i, tl.where(keep, slot, -1), mask=i < n)
 
 
@@ -139,7 +142,7 @@ def _rollout_step_cases(results):
     drawn tokens, EOS once finished, the output column, the positions moved or not."""
     import torch
 
-    from ws_lab.kernels import rollout_step
+    from ws_lab.kernels.step import rollout_step
 
     eos, rows, cols = 3, 5, 7
     for forced_on, move in ((False, True), (True, False)):
@@ -161,7 +164,7 @@ def _rollout_step_cases(results):
 def _sampling_cases(results):
     import torch
 
-    from ws_lab.kernels import sampling
+    from ws_lab.kernels.step import sampling
 
     for dtype, n, k, levels in SELECT:
         dt = getattr(torch, dtype)

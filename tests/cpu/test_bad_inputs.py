@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from ws_lab import registry
-from ws_lab.kernels import paged, triton_mha  # noqa: F401  (registers torch.ops.ws_lab.triton_mha)
+from ws_lab.kernels.decode import paged
+from ws_lab.kernels.fwd import triton_mha  # noqa: F401  (registers torch.ops.ws_lab.triton_mha)
 
 
 def _paged(**changes):
@@ -88,7 +89,7 @@ def test_paged_attention_refuses(changes, exc, message, monkeypatch):
 
 
 def _paged_cuda(**changes):
-    """A valid mode='cuda' call (fp16, head dim 128, 16-token blocks) with ``changes``."""
+    """A valid backend='cuda' call (fp16, head dim 128, 16-token blocks) with ``changes``."""
     half = dict(q=torch.randn(2, 4, 128).half(), k_cache=torch.randn(8, 16, 2, 128).half(),
                 v_cache=torch.randn(8, 16, 2, 128).half())
     return _paged(**{**half, **changes})
@@ -114,7 +115,7 @@ CUDA_MODE = [
     ("misaligned k_cache", dict(k_cache=_misaligned_cache()), ValueError,
      "k_cache 16-byte aligned"),
     ("a launch config", dict(config=paged.DEFAULTS["gqa"]), ValueError, "plans its own"),
-    ("cpu under the interpreter", dict(), ValueError, "mode='cuda' needs CUDA tensors, got cpu"),
+    ("cpu under the interpreter", dict(), ValueError, "needs CUDA tensors, got cpu"),
 ]
 
 
@@ -122,11 +123,11 @@ CUDA_MODE = [
                          ids=[c[0] for c in CUDA_MODE])
 def test_cuda_mode_refuses(changes, exc, message, monkeypatch):
     """Under the interpreter CPU tensors pass the Triton modes' device check, so each case
-    reaches mode='cuda''s own checks, which run before its device check."""
+    reaches backend='cuda''s own checks, which run before its device check."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     args, kwargs = _paged_cuda(**changes)
     with pytest.raises(exc, match=message):
-        paged.paged_attention(*args.values(), mode="cuda", **kwargs)
+        paged.paged_attention(*args.values(), backend="cuda", **kwargs)
 
 
 CHECKED = [
@@ -155,10 +156,10 @@ def test_an_unused_block_id_is_not_an_error(monkeypatch):
     """Columns past a sequence's length are never read: check_indices ignores them (a length
     of 17 uses two of three columns)."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    from ws_lab.kernels.paged import _check_indices
+    from ws_lab.kernels.decode.paged import check_index_range
 
     table = torch.tensor([[0, 1, 99], [2, 3, -7]], dtype=torch.int32)
-    _check_indices(table, torch.tensor([17, 32], dtype=torch.int32), 8, 16)
+    check_index_range(table, torch.tensor([17, 32], dtype=torch.int32), 8, 16)
 
 
 def _qkv(device="cpu", b=1, s=16, hq=4, hkv=2, d=64, dv=None, dtype=torch.float16):
@@ -295,7 +296,7 @@ FUSED = [
 
 @pytest.mark.parametrize("changes,exc,message", [c[1:] for c in FUSED], ids=[c[0] for c in FUSED])
 def test_fused_decode_refuses(changes, exc, message, monkeypatch):
-    from ws_lab.kernels import fused_decode
+    from ws_lab.kernels.decode import fused_decode
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     args, options = _fused(**changes)
@@ -321,7 +322,7 @@ FUSED_PAGED = [
 @pytest.mark.parametrize("changes,exc,message", [c[1:] for c in FUSED_PAGED],
                          ids=[c[0] for c in FUSED_PAGED])
 def test_fused_paged_decode_refuses(changes, exc, message):
-    from ws_lab.kernels import fused_decode
+    from ws_lab.kernels.decode import fused_decode
 
     args, options = _fused(paged=True, **changes)
     with pytest.raises(exc, match=message):
@@ -332,7 +333,7 @@ def test_fused_paged_decode_refuses(changes, exc, message):
                                                ([-1, 3], "positions\\[0\\] = -1 is outside")])
 def test_fused_decode_check_positions_refuses_out_of_range(positions, message, monkeypatch):
     """The host check (it syncs); without it positions are clamped in the kernel."""
-    from ws_lab.kernels import fused_decode
+    from ws_lab.kernels.decode import fused_decode
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     args, options = _fused(positions=torch.tensor(positions, dtype=torch.int32),
@@ -343,7 +344,7 @@ def test_fused_decode_check_positions_refuses_out_of_range(positions, message, m
 
 def test_fused_decode_op_fake_refuses_like_the_op():
     """torch.ops.ws_lab.fused_decode on meta tensors runs the fake: same checks, same errors."""
-    from ws_lab.kernels import fused_decode  # noqa: F401  (registers the op)
+    from ws_lab.kernels.decode import fused_decode  # noqa: F401  (registers the op)
 
     args, _ = _fused(cos=torch.randn(31, 64).half())
     meta = [t.to("meta") for t in args.values()]
@@ -362,7 +363,7 @@ def test_fused_decode_op_fake_refuses_like_the_op():
     ("interp-3d", 50, 1.0, "2-D"),
 ])
 def test_top_k_sample_refuses(logits, k, temperature, message, monkeypatch):
-    from ws_lab.kernels import sampling
+    from ws_lab.kernels.step import sampling
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     if isinstance(logits, str):
@@ -381,7 +382,7 @@ def test_top_k_sample_refuses(logits, k, temperature, message, monkeypatch):
     (torch.randn(40, 128).half(), "multiples"),
 ])
 def test_linear_refuses(weight, message, monkeypatch):
-    from ws_lab.kernels import decode_layer
+    from ws_lab.kernels.step import decode_layer
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     with pytest.raises(ValueError, match=message):
@@ -396,7 +397,7 @@ def test_linear_refuses(weight, message, monkeypatch):
     (torch.empty(4, 8)[:, ::2], "contiguous float32 tensor, got torch.float32 with strides"),
 ])
 def test_linear_refuses_chunk_max(chunk_max, message, monkeypatch):
-    from ws_lab.kernels import decode_layer
+    from ws_lab.kernels.step import decode_layer
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     with pytest.raises(ValueError, match=message):
@@ -410,7 +411,7 @@ def test_linear_refuses_chunk_max(chunk_max, message, monkeypatch):
     (torch.empty(128, 4).t(), "with strides \\(1, 4\\)"),
 ])
 def test_top_k_sample_refuses_chunk_max(chunk_max, message, monkeypatch):
-    from ws_lab.kernels import sampling
+    from ws_lab.kernels.step import sampling
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     with pytest.raises(ValueError, match=message):
@@ -430,7 +431,7 @@ _SEED = torch.zeros(1, dtype=torch.int64)
     ((_SEED, _SEED.to("meta")), ValueError, "seed counter .* on meta"),
 ])
 def test_top_k_sample_refuses_seed(seed, error, message, monkeypatch):
-    from ws_lab.kernels import sampling
+    from ws_lab.kernels.step import sampling
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     with pytest.raises(error, match=message):
@@ -438,7 +439,7 @@ def test_top_k_sample_refuses_seed(seed, error, message, monkeypatch):
 
 
 def test_prefetch_l2_refuses_a_strided_tensor():
-    from ws_lab.kernels import decode_layer
+    from ws_lab.kernels.step import decode_layer
 
     with pytest.raises(ValueError, match="contiguous tensor"):
         decode_layer.prefetch_l2(torch.empty(8, 8).t())
@@ -458,14 +459,14 @@ _POS = torch.full((2,), 3, dtype=torch.int32)
     (_CACHE, _CACHE, _POS.to("meta"), ValueError, "positions on meta"),
 ])
 def test_prefetch_context_l2_refuses(k, v, positions, error, message):
-    from ws_lab.kernels import decode_layer
+    from ws_lab.kernels.step import decode_layer
 
     with pytest.raises(error, match=message):
         decode_layer.prefetch_context_l2(k, v, positions)
 
 
 def test_linear_refuses_mixed_dtypes(monkeypatch):
-    from ws_lab.kernels import decode_layer
+    from ws_lab.kernels.step import decode_layer
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     with pytest.raises(TypeError, match="share a dtype"):
@@ -473,7 +474,7 @@ def test_linear_refuses_mixed_dtypes(monkeypatch):
 
 
 def test_rollout_step_refuses_a_strided_output():
-    from ws_lab.kernels import rollout_step
+    from ws_lab.kernels.step import rollout_step
 
     rows = torch.zeros(4, dtype=torch.long)
     with pytest.raises(ValueError, match="unit column stride"):

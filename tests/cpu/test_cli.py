@@ -223,7 +223,7 @@ def test_the_wheel_installs_one_import_package(tmp_path):
     top_level = next(n for n in wheel.namelist() if n.endswith("top_level.txt"))
     assert wheel.read(top_level).decode().split() == ["ws_lab"]
     names = set(wheel.namelist())
-    assert {"ws_lab/kernels/paged.py", "ws_lab/postproc/fences.py", "ws_lab/upstream/__init__.py"} <= names
+    assert {"ws_lab/kernels/decode/paged.py", "ws_lab/postproc/fences.py", "ws_lab/upstream/__init__.py"} <= names
     requires = [line for line in wheel.read(next(n for n in names if n.endswith("METADATA")))
                 .decode().splitlines() if line.startswith("Requires-Dist: matplotlib")]
     assert requires and all("extra == \"plot\"" in r for r in requires)

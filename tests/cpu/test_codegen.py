@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ws_lab.kernels import pipelined
+from ws_lab.kernels.fwd import pipelined
 from ws_lab import emit, sass, shapes
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")

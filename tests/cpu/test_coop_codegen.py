@@ -1,11 +1,11 @@
 """Coop lowers and compiles for every head dim; its SASS and emitted CUDA match the roles,
-register budgets and barriers that kernels/coop.py's docstring states."""
+register budgets and barriers that kernels/fwd/coop.py's docstring states."""
 import re
 import shutil
 
 import pytest
 
-from ws_lab.kernels import coop
+from ws_lab.kernels.fwd import coop
 from ws_lab import emit, sass, shapes
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
@@ -71,7 +71,7 @@ def test_ptxas_sinks_the_softmax_below_the_pv_wait(tmp_path):
     4-value store keeps the row max and those exp2s above the wait, 2–4 % faster on the H100,
     NOTES.md session 6; storing all 8 row sums was 3–5 % slower, session 5). When this fails,
     ptxas changed the schedule: re-measure the anchor."""
-    from ws_lab.kernels import coop_overlap
+    from ws_lab.kernels.fwd import coop_overlap
 
     shape = shapes.get("llama8b-4k")
     summary = emit.inspect(emit.lower_variant(
@@ -131,7 +131,7 @@ def test_persistent_roles_and_barriers():
     """Persistent coop: one CTA per SM of the H100 (132) walking tiles in zigzag rounds; Q
     double-buffered behind q_full[2] (32) / q_empty[2] (256: both consumers, after their O store
     has read the slot)."""
-    from ws_lab.kernels import coop_overlap
+    from ws_lab.kernels.fwd import coop_overlap
 
     many_tiles = shapes.Shape("codegen", 2, 32, 8, 4096, 128, 128, True)  # 2048 tiles > 132
     func = coop_overlap.prim_func_for(many_tiles, persistent=True, cluster=1)
@@ -168,7 +168,7 @@ def test_overlap_splits_the_kv_loop_at_the_first_masked_block(causal, seq_len):
 def test_deferred_row_sums_leave_the_kv_loop_without_shuffles(deferred):
     """deferred_sums: the KV loop adds each block's probabilities into 8 per-thread partial
     sums; the only cross-thread sum (AllReduce over the quad) is the one per tile, after it."""
-    from ws_lab.kernels import coop_overlap
+    from ws_lab.kernels.fwd import coop_overlap
 
     func = coop_overlap.prim_func_for(shapes.get("train8b-4k"), deferred_sums=deferred)
     src = emit.lower_prim_func(func, coop.PASS_CONFIGS).kernel_source
@@ -184,7 +184,7 @@ def test_first_pv_overwrites_o(persistent, clear):
     """clear_first_pv: O is never zero-filled; every PV's first k step passes wgmma's scale-d
     as a run-time predicate that is off for the tile's block 0 (the loops' kb == 1, the drain's
     single-block tile). Off: the fill, and every PV accumulates (scale-d the constant 1)."""
-    from ws_lab.kernels import coop_overlap
+    from ws_lab.kernels.fwd import coop_overlap
 
     func = coop_overlap.prim_func_for(shapes.get("llama8b-4k"), persistent=persistent,
                                       clear_first_pv=clear)
@@ -262,7 +262,7 @@ def test_cluster_needs_two_heads_of_one_kv_head():
     big = dict(batch=2, seq_len=8192, head_dim=128, head_dim_v=128, l2_bytes=50 * 2**20)
     assert coop.cluster_for(heads=12, kv_heads=4, **big) == 1  # group 3
     assert coop.cluster_for(heads=8, kv_heads=8, **big) == 1  # MHA
-    from ws_lab.kernels import coop_overlap
+    from ws_lab.kernels.fwd import coop_overlap
 
     odd = shapes.Shape("codegen", 1, 6, 2, 1000, 128, 128, True)
     with pytest.raises(ValueError, match="must be even"):

@@ -1,4 +1,4 @@
-"""The hand-written CUDA fused decode (kernels/fused_decode_cuda.cu) without a GPU: nvcc builds it
+"""The hand-written CUDA fused decode (kernels/decode/fused_decode_cuda.cu) without a GPU: nvcc builds it
 for sm_90 and the SASS shows the design its header states; the ctypes mirrors of its launch
 struct and of the driver's PDL launch structs match the C++ layouts; the dispatch rule sends the
 rollout's shape to it and nothing outside its measured scope."""
@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from tests.cpu.cuda_layout import assert_compiles, offset_asserts, size_assert
-from ws_lab.kernels import fused_decode_cuda as fc
+from ws_lab.kernels.decode import fused_decode
+from ws_lab.kernels.decode import fused_decode_cuda as fc
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (CUDA toolkit)")
 
@@ -57,19 +58,26 @@ def test_the_context_loads_ask_the_l2_to_evict_them_first():
 
 @needs_nvcc
 def test_the_ctypes_params_match_the_kernels_struct(tmp_path):
-    checks = [size_assert(f"Params<{t}>", fc._Params) for t in ("__half", "__nv_bfloat16")]
+    checks = [size_assert(f"Params<{t}>", fc.Params) for t in ("__half", "__nv_bfloat16")]
     assert_compiles(tmp_path, f'"{fc.SOURCE.path}"',
-                    checks + offset_asserts("Params<__half>", fc._Params))
+                    checks + offset_asserts("Params<__half>", fc.Params))
 
 
 QWEN = dict(batch=64, heads=14, kv_heads=2, head_dim=64, capacity=456, dtype=torch.bfloat16,
             rope_dtype=torch.bfloat16, sm_count=132)
 
 
+def _goes_to_cuda(batch, heads, kv_heads, head_dim, capacity, dtype, rope_dtype, sm_count):
+    """The auto plan of a static call of this shape, on a device where the kernel builds."""
+    cuda = fc.shape_supports(batch, heads, kv_heads, head_dim, capacity, dtype, rope_dtype)
+    return fused_decode.plan(batch, kv_heads, head_dim, capacity, sm_count,
+                             cuda=cuda).backend == "cuda"
+
+
 def test_the_rollouts_shape_goes_to_the_cuda_kernel():
-    assert fc.shape_applies(**QWEN)
-    assert fc.shape_applies(**{**QWEN, "dtype": torch.float16, "rope_dtype": torch.float16})
-    assert fc.shape_applies(**{**QWEN, "capacity": fc.MAX_CAPACITY})
+    assert _goes_to_cuda(**QWEN)
+    assert _goes_to_cuda(**{**QWEN, "dtype": torch.float16, "rope_dtype": torch.float16})
+    assert _goes_to_cuda(**{**QWEN, "capacity": fc.MAX_CAPACITY})
 
 
 @pytest.mark.parametrize("change", [
@@ -78,7 +86,7 @@ def test_the_rollouts_shape_goes_to_the_cuda_kernel():
     dict(rope_dtype=torch.float32), dict(batch=70000, kv_heads=1)],
     ids=["D128", "long-capacity", "few-pairs", "group-32", "fp32", "fp32-rope", "grid-y"])
 def test_everything_else_keeps_the_triton_kernel(change):
-    assert not fc.shape_applies(**{**QWEN, **change})
+    assert not _goes_to_cuda(**{**QWEN, **change})
 
 
 def test_shared_memory_fits_and_the_rollout_shape_leaves_room_beside_it():
@@ -88,18 +96,18 @@ def test_shared_memory_fits_and_the_rollout_shape_leaves_room_beside_it():
 
 @needs_nvcc
 def test_the_pdl_launch_structs_match_the_driver_api(tmp_path):
-    """kernels/cubin.py's ctypes mirrors of CUlaunchConfig and CUlaunchAttribute against
+    """kernels/decode/cubin.py's ctypes mirrors of CUlaunchConfig and CUlaunchAttribute against
     cuda.h: a moved or resized field fails to compile, and the attribute id is the one cuda.h
     names for programmatic stream serialization."""
-    from ws_lab.kernels import cubin
+    from ws_lab.kernels.decode import cubin
 
     fields = ("gridDimX", "gridDimY", "gridDimZ", "blockDimX", "blockDimY", "blockDimZ",
               "sharedMemBytes", "hStream", "attrs", "numAttrs")
-    checks = [size_assert("CUlaunchConfig", cubin._LaunchConfig),
-              size_assert("CUlaunchAttribute", cubin._LaunchAttribute),
+    checks = [size_assert("CUlaunchConfig", cubin.CuLaunchConfig),
+              size_assert("CUlaunchAttribute", cubin.CuLaunchAttribute),
               f"static_assert(offsetof(CUlaunchAttribute, value) == "
-              f'{cubin._LaunchAttribute.value.offset}, "value");',
+              f'{cubin.CuLaunchAttribute.value.offset}, "value");',
               f"static_assert(CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION == "
-              f'{cubin._PROGRAMMATIC_STREAM_SERIALIZATION}, "id");']
+              f'{cubin.PROGRAMMATIC_STREAM_SERIALIZATION}, "id");']
     assert_compiles(tmp_path, "<cuda.h>",
-                    checks + offset_asserts("CUlaunchConfig", cubin._LaunchConfig, fields))
+                    checks + offset_asserts("CUlaunchConfig", cubin.CuLaunchConfig, fields))

@@ -1,12 +1,12 @@
 """LargeHeadDimV lowers and compiles for Dv 256 and 512; its SASS and emitted CUDA match the
-roles, register budgets and barriers that kernels/largehdv.py's docstring states."""
+roles, register budgets and barriers that kernels/fwd/largehdv.py's docstring states."""
 import re
 import shutil
 
 import pytest
 
-from ws_lab.kernels import largehdv
-from ws_lab.kernels.coop import NamedBarrier
+from ws_lab.kernels.fwd import largehdv
+from ws_lab.kernels.fwd.coop import NamedBarrier
 from ws_lab import emit, sass, shapes
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")

@@ -1,4 +1,4 @@
-"""The hand-written CUDA paged decode (kernels/paged_cuda.cu) without a GPU: nvcc builds it for
+"""The hand-written CUDA paged decode (kernels/decode/paged_cuda.cu) without a GPU: nvcc builds it for
 sm_80 and sm_90, and the SASS shows the design its docstring states; the ctypes mirror of its
 launch struct matches the C++ layout; the planner's segments cover every block."""
 import itertools
@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from tests.cpu.cuda_layout import assert_compiles, offset_asserts, size_assert
-from ws_lab.kernels import paged_cuda as pc
+from ws_lab.kernels.decode import paged_cuda as pc
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (CUDA toolkit)")
 DTYPES = ("f16", "bf16")
@@ -49,13 +49,13 @@ def test_no_cta_barrier_in_the_main_loop():
 def test_the_ctypes_params_match_the_kernels_struct(tmp_path):
     """A translation unit that includes paged_cuda.cu and static_asserts every field offset the
     ctypes mirror uses: a reordered or retyped field fails to compile."""
-    checks = [size_assert(f"Params<{t}>", pc._Params) for t in ("__half", "__nv_bfloat16")]
+    checks = [size_assert(f"Params<{t}>", pc.Params) for t in ("__half", "__nv_bfloat16")]
     checks.append(f'static_assert(MAX_WARP_SLOTS == {pc.MAX_WARP_SLOTS}, "plan\'s cap");')
     checks += [f"static_assert(WalkSort<{nt}>::scratch_ints({n}) == "
                f"{pc.sort_scratch_ints(n, nt)}, \"the sort's scratch\");"
                for nt, n in itertools.product((64, 128), (0, 1, 63, 64, 65, 129, 512, 4096))]
     assert_compiles(tmp_path, f'"{pc.SOURCE.path}"',
-                    checks + offset_asserts("Params<__half>", pc._Params))
+                    checks + offset_asserts("Params<__half>", pc.Params))
 
 
 def test_one_cta_per_pair_when_the_pairs_fill_the_gpu():
@@ -112,28 +112,24 @@ def test_the_sort_gets_its_own_room_only_where_that_costs_no_cta_an_sm():
     assert pc.WHOLE.launch_smem(512, 0) == pc.WHOLE.smem_bytes(512)
 
 
-def test_auto_takes_cuda_in_place_of_gqa_and_of_split_k_on_big_or_wide_rows(monkeypatch):
-    """auto_mode asks paged_cuda.supports where the Triton rule picks gqa, or split_k on at
-    least CUDA_SPLIT_FROM_BYTES of K/V or about a KV head an SM; the small split rows stay on
-    split_k."""
-    import torch
+def test_auto_takes_cuda_in_place_of_gqa_and_of_split_k_on_big_or_wide_rows():
+    """The auto plan takes the CUDA kernel, where paged_cuda.supports holds, in place of gqa, or
+    of split_k on at least CUDA_SPLIT_FROM_BYTES of K/V or about a KV head an SM; the small
+    split rows stay on split_k, and a Triton launch config keeps to the Triton kernels."""
+    from ws_lab.check import SUPPORTED, Support
+    from ws_lab.kernels.decode import heuristics, paged
 
-    from ws_lab.kernels import paged
+    def auto(batch, heads, kv_heads, blocks, cuda=Support("CPU tensors"), **kw):
+        return paged.plan(batch, heads, kv_heads, 128, 16, blocks, 2, 132, cuda=cuda, **kw).kernel
 
-    def inputs(batch, heads, kv_heads, blocks):
-        return (torch.empty(batch, heads, 128, dtype=torch.float16),
-                torch.empty(8, 16, kv_heads, 128, dtype=torch.float16),
-                torch.empty(8, 16, kv_heads, 128, dtype=torch.float16),
-                torch.empty(batch, blocks, dtype=torch.int32))
-
-    gqa_shape = inputs(8, 32, 32, 128)
-    long_split, short_split = inputs(4, 32, 8, 2048), inputs(8, 32, 8, 128)  # 537 / 67 MB
-    wide_split = inputs(16, 32, 8, 32)  # B·Hkv 128 of 132 SMs, 34 MB
-    assert paged.auto_mode(*gqa_shape, 132) == "gqa"  # CPU tensors: the kernel does not apply
-    assert paged.auto_mode(*long_split, 132) == "split_k"
-    monkeypatch.setattr(pc, "supports", lambda *a: True)
-    assert paged.auto_mode(*gqa_shape, 132) == "cuda"
-    assert paged.auto_mode(*long_split, 132) == "cuda"
-    assert paged.auto_mode(*short_split, 132) == "split_k"
-    assert paged.auto_mode(*wide_split, 132) == "cuda"
-    assert paged.auto_mode(*long_split, 132, config=paged.DEFAULTS["split_k"]) == "split_k"
+    gqa_shape = (8, 32, 32, 128)
+    long_split, short_split = (4, 32, 8, 2048), (8, 32, 8, 128)  # 537 / 67 MB
+    wide_split = (16, 32, 8, 32)  # B·Hkv 128 of 132 SMs, 34 MB
+    assert auto(*gqa_shape) == "gqa"  # CPU tensors: the kernel does not apply
+    assert auto(*long_split) == "split_k"
+    assert auto(*gqa_shape, cuda=SUPPORTED) == "cuda"
+    assert auto(*long_split, cuda=SUPPORTED) == "cuda"
+    assert auto(*short_split, cuda=SUPPORTED) == "split_k"
+    assert auto(*wide_split, cuda=SUPPORTED) == "cuda"
+    assert auto(*long_split, cuda=SUPPORTED, config=heuristics.DEFAULTS["split_k"]) == "split_k"
+    assert auto(*long_split, cuda=SUPPORTED, backend="triton") == "split_k"

@@ -82,7 +82,7 @@ def test_scoped_hook_rewrites_and_restores():
     import tilelang
     import tvm_ffi
 
-    from ws_lab.kernels import coop
+    from ws_lab.kernels.fwd import coop
 
     assert tvm_ffi.get_global_func(postproc.HOOK, allow_missing=True) is None
     seen = []

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from ws_lab.kernels import coop, coop_overlap
+from ws_lab.kernels.fwd import coop, coop_overlap
 from ws_lab.postproc import PostprocError, drop_anchor_fences
 from ws_lab import emit, sass, shapes
 

@@ -50,7 +50,7 @@ def test_interpreted_case_matches_oracle(interpreted, index):
 
 
 def test_llama_block_compiles_without_graph_break():
-    from ws_lab.kernels.llama_block import LlamaAttention
+    from tests.llama_block import LlamaAttention
 
     # bf16: the op refuses fp32 in its fake as in the kernel
     block = LlamaAttention(hidden=256, heads=4, kv_heads=2).to("meta", torch.bfloat16)
@@ -69,17 +69,17 @@ def test_llama_block_compiles_without_graph_break():
 
 
 def test_launch_plan_depends_on_shapes_only():
-    from ws_lab.kernels import paged
+    from ws_lab.kernels.decode import heuristics, paged
 
-    gqa = paged.DEFAULTS["gqa"]
+    gqa = heuristics.DEFAULTS["gqa"]
     assert paged.tile_for(gqa, 128, 2) == 128
     assert paged.tile_for(gqa, 256, 2) == 64  # 32 KB tiles: D 256 halves the tile
     assert paged.tile_for(gqa, 256, 4) == 32
-    assert paged.segments_for(8, 8, 4, 2048, 132) == 9  # ceil(4 waves · 132 SMs / 64 programs)
-    assert paged.segments_for(1, 1, 1, 64, 132) == 1  # never more segments than tiles
-    capped = paged.LaunchConfig(128, 8, 2, 4, scratch_div=8)
-    assert paged.segments_for(16, 1, 32, 4096, 132, capped) == 16  # 4096 // (8 · 32)
-    split = paged.DEFAULTS["split_k"]
+    assert heuristics.segments_for(8, 8, 4, 2048, 132) == 9  # ceil(4 waves · 132 SMs / 64 programs)
+    assert heuristics.segments_for(1, 1, 1, 64, 132) == 1  # never more segments than tiles
+    capped = heuristics.LaunchConfig(128, 8, 2, 4, scratch_div=8)
+    assert heuristics.segments_for(16, 1, 32, 4096, 132, capped) == 16  # 4096 // (8 · 32)
+    split = heuristics.DEFAULTS["split_k"]
     merging = dataclasses.replace(split, merge_partials=64)
     # llama70b B8 (group 8): 8 segments of 256 tokens, 64 partial rows: merged in the kernel
     # where merge_partials allows 64; the defaults always take the reduce kernel
@@ -87,30 +87,31 @@ def test_launch_plan_depends_on_shapes_only():
     assert paged.split_plan(8, 8, 8, 2048, 132, split, 64) == (8, 256, False)
     # MQA B16 (group 32): 16 segments, 512 partial rows: the reduce kernel
     assert paged.split_plan(16, 1, 32, 4096, 132, merging, 64) == (16, 256, False)
-    assert paged.reduce_warps(16, 128) == 1  # 64 partial elements a thread on one warp
-    assert paged.reduce_warps(512, 128) == 8
-    short, long = paged.launch_config("gqa", 8, 32, 132), paged.launch_config("gqa", 16, 32, 132)
+    assert heuristics.reduce_warps(16, 128) == 1  # 64 partial elements a thread on one warp
+    assert heuristics.reduce_warps(512, 128) == 8
+    short, long = heuristics.launch_config("gqa", 8, 32, 132), heuristics.launch_config("gqa", 16, 32, 132)
     assert (short.num_warps, short.num_stages) == (4, 3)  # 256 programs: ≤ 2 per SM
     assert (long.num_warps, long.num_stages) == (8, 2)  # 512 programs
-    assert paged.choose_mode(8, 32, 32, 2048, 132) == "gqa"  # 256 KV heads: ~2 per SM
-    assert paged.choose_mode(16, 32, 32, 2048, 132) == "split_k"  # 512: between the bands
-    assert paged.choose_mode(32, 32, 32, 2048, 132) == "gqa"  # 1024: ≥ 4 per SM
-    assert paged.choose_mode(16, 32, 1, 4096, 132) == "split_k"
+    assert heuristics.choose_mode(8, 32, 32, 2048, 132) == "gqa"  # 256 KV heads: ~2 per SM
+    assert heuristics.choose_mode(16, 32, 32, 2048, 132) == "split_k"  # 512: between the bands
+    assert heuristics.choose_mode(32, 32, 32, 2048, 132) == "gqa"  # 1024: ≥ 4 per SM
+    assert heuristics.choose_mode(16, 32, 1, 4096, 132) == "split_k"
 
 
 def test_split_k_takes_narrow_deep_tiles_on_a_32_head_group_of_16_bit_rows():
-    from ws_lab.kernels import paged
+    from ws_lab.kernels.decode import heuristics
 
-    mqa = paged.launch_config("split_k", 16, 1, 132, group=32, row_bytes=256)
+    mqa = heuristics.launch_config("split_k", 16, 1, 132, group=32, row_bytes=256)
     assert (mqa.tile_n, mqa.num_stages) == (32, 6)
-    assert mqa.num_warps == paged.DEFAULTS["split_k"].num_warps
+    assert mqa.num_warps == heuristics.DEFAULTS["split_k"].num_warps
     for group, row_bytes in ((8, 256), (16, 256), (64, 256), (32, 512)):  # not timed with it
-        assert paged.launch_config("split_k", 16, 1, 132, group, row_bytes) == \
-            paged.DEFAULTS["split_k"]
+        assert heuristics.launch_config("split_k", 16, 1, 132, group, row_bytes) == \
+            heuristics.DEFAULTS["split_k"]
 
 
 def test_static_report_compiles_triton_kernels_for_sm90_without_a_gpu():
-    from ws_lab.kernels import paged, triton_mha
+    from ws_lab.kernels.decode import paged
+    from ws_lab.kernels.fwd import triton_mha
     from ws_lab import shapes, triton_static
 
     mha = triton_static.report(triton_mha.static_specs(shapes.get("llama8b-4k"))[0])
@@ -126,7 +127,7 @@ def test_fused_decode_compiles_whole_through_its_fake():
     import torch._dynamo
     from torch._dynamo.utils import counters
 
-    from ws_lab.kernels import fused_decode
+    from ws_lab.kernels.decode import fused_decode
 
     torch._dynamo.reset()
     counters.clear()
@@ -166,7 +167,7 @@ def test_fused_decode_static_report_compiles_for_sm90(tmp_path):
     (two bulk prefetches) before ``griddepcontrol.wait`` (ACQBULK); the one load before the wait
     is the prefetch's position, so everything the kernel computes with is loaded after it."""
     from ws_lab import triton_static
-    from ws_lab.kernels import fused_decode
+    from ws_lab.kernels.decode import fused_decode
 
     for paged in (False, True):
         text = triton_static.report(fused_decode.static_specs(14, 2, 64, paged=paged)[0],
@@ -189,7 +190,7 @@ def test_decode_layer_static_report_pipelines_and_prefetches(tmp_path):
     their wait, gate|up after its main loop; the weight prefetch is one bulk prefetch
     instruction in its issue loop, the context prefetch bulk prefetches of K and V rows."""
     from ws_lab import triton_static
-    from ws_lab.kernels import decode_layer
+    from ws_lab.kernels.step import decode_layer
 
     specs = decode_layer.static_specs()
     gate_up, down, o, prefetch, context = [triton_static.report(s, tmp_path / s.name)
@@ -220,7 +221,7 @@ def test_sampler_lets_the_bookkeeping_launch_early(tmp_path):
     ``griddepcontrol.wait`` (ACQBULK): the dependent is the one-program bookkeeping, which waits
     (ACQBULK) before its first load, so it sits ready while the draw runs."""
     from ws_lab import triton_static
-    from ws_lab.kernels import rollout_step, sampling
+    from ws_lab.kernels.step import rollout_step, sampling
 
     for spec, trigger_first in ((sampling.static_specs()[0], True),
                                 (rollout_step.static_specs()[0], False)):

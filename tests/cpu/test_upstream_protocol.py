@@ -56,7 +56,7 @@ def test_every_pin_states_triage_impact_links_and_a_control():
     from ws_lab.upstream import TRIAGES
 
     for name in repro.names():
-        mod = repro._module(name)
+        mod = repro.pin_module(name)
         assert mod.TRIAGE in TRIAGES, (name, mod.TRIAGE)
         assert mod.IMPACT and mod.LINKS and callable(mod.control), name
         assert all(link.startswith(("https://github.com/tile-ai/tilelang/", "none found"))
@@ -70,7 +70,7 @@ def test_a_bundle_opens_with_its_triage(name):
     from ws_lab import repro
 
     text = repro.bundle(name)
-    mod = repro._module(name)
+    mod = repro.pin_module(name)
     assert text.splitlines()[2].startswith(f"**Triage: {mod.TRIAGE}.** Impact: ")
     assert ("## ptxas -v / SASS, kernel and control" in text) == (name in repro.FENCE_PINS)
 

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from ws_lab.kernels import coop, largehdv, pipelined
+from ws_lab.kernels.fwd import coop, largehdv, pipelined
 
 
 def good(batch=1, seq=16, heads=4, kv_heads=2, d=64, dv=64, dtype=torch.float16):

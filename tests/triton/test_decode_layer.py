@@ -1,4 +1,4 @@
-"""The decode layer's kernels on the GPU vs float64 (kernels/decode_layer.py, kernels/sampling.py).
+"""The decode layer's kernels on the GPU vs float64 (kernels/step/decode_layer.py, kernels/step/sampling.py).
 
 ``linear`` at Qwen2.5-0.5B's layer shapes (q|k|v + bias, o and down split over K and summed by
 the RMSNorm, gate|up with SwiGLU, the lm_head), M 1 / 64 / 65 (two row blocks), fp16 and bf16:
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from ws_lab import oracle
-from ws_lab.kernels import decode_layer as dl
-from ws_lab.kernels import sampling
+from ws_lab.kernels.step import decode_layer as dl
+from ws_lab.kernels.step import sampling
 
 pytestmark = pytest.mark.gpu
 

@@ -11,7 +11,7 @@ import torch
 
 from ws_lab import oracle
 from ws_lab.decode_cases import TOLERANCE, check_decode, graph_replays, make_decode
-from ws_lab.kernels import fused_decode
+from ws_lab.kernels.decode import fused_decode
 
 pytestmark = pytest.mark.gpu
 

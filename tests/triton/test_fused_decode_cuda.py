@@ -1,4 +1,4 @@
-"""The hand-written CUDA fused decode (kernels/fused_decode_cuda.cu), through the static entry
+"""The hand-written CUDA fused decode (kernels/decode/fused_decode_cuda.cu), through the static entry
 that dispatches to it, on the GPU vs the float64 oracle (tolerances: ws_lab.decode_cases; the
 rotated k within 1 ulp, v bitwise, every other slot untouched, slots at and past each position
 NaN-poisoned so a read past the context turns the output NaN): fp16 / bf16, groups 7, 8 and 1,
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from ws_lab.decode_cases import check_decode, graph_replays, make_decode
-from ws_lab.kernels import fused_decode, fused_decode_cuda
-from ws_lab.kernels.paged import _sm_count
+from ws_lab.kernels.decode import fused_decode, fused_decode_cuda
+from ws_lab.kernels.decode.triton_common import sm_count
 
 pytestmark = pytest.mark.gpu
 
@@ -25,8 +25,11 @@ def _positions(kind, batch, capacity):
 
 
 def _goes_to_cuda(p):
-    return fused_decode_cuda.applies(p.q, p.k_new, p.v_new, p.k_cache, p.v_cache, p.cos, p.sin,
-                                     p.q, _sm_count(p.q.device))
+    cuda = fused_decode_cuda.supports(p.q, p.k_new, p.v_new, p.k_cache, p.v_cache, p.cos, p.sin,
+                                      p.q)
+    capacity = p.k_cache.shape[2]
+    return fused_decode.plan(p.q.shape[0], p.k_new.shape[1], p.q.shape[2], capacity,
+                             sm_count(p.q.device), cuda=cuda).backend == "cuda"
 
 
 def _problem(shape, capacity, positions, dtype):

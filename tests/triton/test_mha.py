@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 
-from ws_lab.check import check_attention
+from ws_lab.testing import check_attention
 
 pytestmark = pytest.mark.gpu
 
@@ -16,7 +16,7 @@ CASES = list(itertools.product(["float16", "bfloat16"], [False, True], [(64, 1),
 def test_mha_matches_oracle(dtype, causal, dim_group, seq):
     import torch
 
-    from ws_lab.kernels import triton_mha
+    from ws_lab.kernels.fwd import triton_mha
 
     head_dim, group = dim_group
     result = check_attention(triton_mha.attention, 2, seq, 4 * group, 4, head_dim, head_dim,
@@ -27,8 +27,8 @@ def test_mha_matches_oracle(dtype, causal, dim_group, seq):
 def test_custom_op_and_compiled_llama_block():
     import torch
 
-    from ws_lab.kernels.llama_block import LlamaAttention
-    from ws_lab.kernels.triton_mha import triton_mha
+    from tests.llama_block import LlamaAttention
+    from ws_lab.kernels.fwd.triton_mha import triton_mha
     from ws_lab import oracle
 
     q, k, v = (torch.randn(1, 256, h, 64, device="cuda", dtype=torch.float16) for h in (8, 2, 2))

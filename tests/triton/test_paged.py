@@ -7,6 +7,7 @@ import random
 import pytest
 
 from ws_lab import oracle
+from ws_lab.kernels.decode import triton_common
 from ws_lab.paged_cases import assert_matches_oracle, check_paged, make_paged, variants
 
 pytestmark = pytest.mark.gpu
@@ -74,7 +75,7 @@ def test_cuda_graph_replays_match_oracle(variant):
     and the in-kernel merge's arrival counters are zero again after every replay."""
     import torch
 
-    from ws_lab.kernels import paged
+    from ws_lab.kernels.decode import paged
 
     (q, kc, vc, table, lens), seed = make_paged(8, 64, 8, 128, 16, [2048, 1, 777, 2048, 64,
                                                                   1500, 2047, 33], torch.float16,
@@ -92,4 +93,4 @@ def test_cuda_graph_replays_match_oracle(variant):
         err = oracle.rel_l2(out, oracle.paged_attention_ref(q, kc, vc, table, lens))
         assert err <= 2e-3, f"rel_err {err:.3e} (seed {seed})"
     torch.cuda.synchronize()
-    assert all(int(c.abs().sum()) == 0 for c in paged._ARRIVALS.values())
+    assert all(int(c.abs().sum()) == 0 for c in triton_common.cached_arrival_counters())

@@ -1,4 +1,4 @@
-"""mode='cuda' (kernels/paged_cuda.cu) on the GPU vs the float64 oracle: fresh random inputs,
+"""backend='cuda' (kernels/decode/paged_cuda.cu) on the GPU vs the float64 oracle: fresh random inputs,
 NaN-poisoned outputs, and NaN in every cache slot a sequence does not own, so a read past a
 length or outside a sequence's blocks shows. Tolerances as tests/triton/test_paged.py: fp16
 2e-3 rel-L2; bf16 vLLM's atol 1.5e-2 / rtol 1e-2."""
@@ -48,7 +48,7 @@ def _check(out, ref, seed):
 def test_cuda_mode_matches_oracle(case, dtype):
     import torch
 
-    from ws_lab.kernels import paged
+    from ws_lab.kernels.decode import paged
 
     batch, heads, kv_heads, lens = case
     dt = getattr(torch, dtype)
@@ -56,7 +56,7 @@ def test_cuda_mode_matches_oracle(case, dtype):
                                                   "cuda")
     _poison_unowned_slots(kc, vc, table, lens_t)
     out = torch.full_like(q, float("nan"))
-    paged.paged_attention(q, kc, vc, table, lens_t, mode="cuda", out=out)
+    paged.paged_attention(q, kc, vc, table, lens_t, backend="cuda", out=out)
     _check(out, oracle.paged_attention_ref(q, kc, vc, table, lens_t), seed)
 
 
@@ -64,14 +64,14 @@ def test_strided_q_and_out_and_a_scale():
     """q and out as every other head of wider tensors; an explicit softmax scale."""
     import torch
 
-    from ws_lab.kernels import paged
+    from ws_lab.kernels.decode import paged
 
     (q, kc, vc, table, lens), seed = make_paged(6, 16, 2, 128, 16, [900, 31, 4000, 16, 1, 2222],
                                                 torch.float16, "cuda")
     wide_q = torch.randn(6, 32, 128, dtype=torch.float16, device="cuda")
     wide_q[:, ::2] = q
     wide_out = torch.full_like(wide_q, float("nan"))
-    paged.paged_attention(wide_q[:, ::2], kc, vc, table, lens, mode="cuda", out=wide_out[:, ::2],
+    paged.paged_attention(wide_q[:, ::2], kc, vc, table, lens, backend="cuda", out=wide_out[:, ::2],
                           softmax_scale=0.05)
     ref = oracle.paged_attention_ref(q, kc, vc, table, lens, softmax_scale=0.05)
     _check(wide_out[:, ::2], ref, seed)
@@ -82,13 +82,13 @@ def test_a_pool_past_two_to_the_31_elements():
     """Block ids near the end of a 2.1e9-element pool: the offsets are 64-bit."""
     import torch
 
-    from ws_lab.kernels import paged
+    from ws_lab.kernels.decode import paged
 
     (q, kc, vc, table, lens), seed = make_paged(2, 16, 8, 128, 16, [3001, 770], torch.float16,
                                                 "cuda", num_blocks=131080)
     table[0, :4] = torch.arange(131076, 131080, dtype=torch.int32, device="cuda")
     out = torch.full_like(q, float("nan"))
-    paged.paged_attention(q, kc, vc, table, lens, mode="cuda", out=out)
+    paged.paged_attention(q, kc, vc, table, lens, backend="cuda", out=out)
     _check(out, oracle.paged_attention_ref(q, kc, vc, table, lens), seed)
 
 
@@ -98,16 +98,16 @@ def test_cuda_graph_replays_match_oracle(batch, kv_heads):
     replayed on fresh queries."""
     import torch
 
-    from ws_lab.kernels import paged
+    from ws_lab.kernels.decode import paged
 
     lens = [2048 - 97 * i for i in range(batch)]
     (q, kc, vc, table, lens_t), seed = make_paged(batch, 4 * kv_heads, kv_heads, 128, 16, lens,
                                                   torch.float16, "cuda")
     out = torch.full_like(q, float("nan"))
-    paged.paged_attention(q, kc, vc, table, lens_t, mode="cuda", out=out)  # build outside
+    paged.paged_attention(q, kc, vc, table, lens_t, backend="cuda", out=out)  # build outside
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        paged.paged_attention(q, kc, vc, table, lens_t, mode="cuda", out=out)
+        paged.paged_attention(q, kc, vc, table, lens_t, backend="cuda", out=out)
     for _ in range(3):
         q.normal_()
         out.fill_(float("nan"))
@@ -141,7 +141,7 @@ def test_any_order_of_block_ids(kind, batch, kv_heads):
     place; the table's order, repeats and spread must not matter."""
     import torch
 
-    from ws_lab.kernels import paged
+    from ws_lab.kernels.decode import paged
 
     lens = [2000, 1999, 37, 2048, 1, 1500, 16, 2047][:batch]
     (q, kc, vc, table, lens_t), seed = make_paged(batch, 4 * kv_heads, kv_heads, 128, 16, lens,
@@ -149,7 +149,7 @@ def test_any_order_of_block_ids(kind, batch, kv_heads):
     _rewrite_rows(table, kind, kc.shape[0])
     _poison_unowned_slots(kc, vc, table, lens_t)
     out = torch.full_like(q, float("nan"))
-    paged.paged_attention(q, kc, vc, table, lens_t, mode="cuda", out=out)
+    paged.paged_attention(q, kc, vc, table, lens_t, backend="cuda", out=out)
     _check(out, oracle.paged_attention_ref(q, kc, vc, table, lens_t), seed)
 
 
@@ -159,12 +159,12 @@ def test_the_output_repeats_to_the_bit(batch, kv_heads):
     them only order equal ids, which are interchangeable), so two calls agree bit for bit."""
     import torch
 
-    from ws_lab.kernels import paged
+    from ws_lab.kernels.decode import paged
 
     (q, kc, vc, table, lens_t), _ = make_paged(batch, 4 * kv_heads, kv_heads, 128, 16,
                                                [3000 - 111 * i for i in range(batch)],
                                                torch.bfloat16, "cuda")
     first, second = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
-    paged.paged_attention(q, kc, vc, table, lens_t, mode="cuda", out=first)
-    paged.paged_attention(q, kc, vc, table, lens_t, mode="cuda", out=second)
+    paged.paged_attention(q, kc, vc, table, lens_t, backend="cuda", out=first)
+    paged.paged_attention(q, kc, vc, table, lens_t, backend="cuda", out=second)
     assert torch.equal(first, second)

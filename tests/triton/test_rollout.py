@@ -76,7 +76,7 @@ def test_context_prefetch_clamps_positions_to_the_cache(capacity):
     """Positions below 0 or past the capacity ask for nothing outside a row, and rows longer
     than one bulk prefetch go in pieces: the launch completes without a fault (the sync would
     raise it) and leaves the caches as they were."""
-    from ws_lab.kernels import decode_layer
+    from ws_lab.kernels.step import decode_layer
 
     k = torch.randn(3, 2, capacity, 64, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)

@@ -4,7 +4,7 @@ IntraWGOverlap mainloop) vs the float64 oracle on the H100.
 Grid per mainloop: D ∈ {64, 128, 256} × fp16/bf16 × causal/full × S ∈ {4096, ragged} × pingpong
 on/off, GQA group cycling through 1/4/8, plus batch 3 and a custom scale — 50 cases each;
 the persistent overlap kernel (D 64/128) 18 more, and its K/V-multicast CTA pair (cluster 2,
-even GQA groups) 17 more (tolerances: ws_lab.check.TOLERANCE). Then, per variant: 20 runs on
+even GQA groups) 17 more (tolerances: ws_lab.testing.TOLERANCE). Then, per variant: 20 runs on
 the same inputs give bitwise-identical output, and compute-sanitizer's racecheck and memcheck
 find nothing.
 """
@@ -12,10 +12,10 @@ import functools
 
 import pytest
 
-from ws_lab.kernels import coop, coop_overlap
+from ws_lab.kernels.fwd import coop, coop_overlap
 from tests.ws.grid import (assert_bitwise_repeatable, assert_sanitizer_clean, case_id,
                            default_scale, grid, precompile)
-from ws_lab.check import check_attention, random_qkv
+from ws_lab.testing import check_attention, random_qkv
 
 pytestmark = pytest.mark.hopper
 
@@ -90,8 +90,8 @@ def test_coop_is_bitwise_repeatable(entry, causal):
 SANITIZED = """
 import functools
 import torch
-from ws_lab.kernels import coop, coop_overlap
-from ws_lab.check import check_attention
+from ws_lab.kernels.fwd import coop, coop_overlap
+from ws_lab.testing import check_attention
 r = check_attention({entry}, 1, 300, 4, 2, 64, 64, True, torch.float16)
 assert r.ok, r
 """

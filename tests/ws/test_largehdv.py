@@ -1,16 +1,16 @@
 """LargeHeadDimV (QK head dim 64, V head dim 256/512) vs the float64 oracle on the H100.
 
 Grid: Dv ∈ {256, 512} × fp16/bf16 × causal/full × S ∈ {2048, ragged} × B ∈ {1, 2}, GQA group
-cycling through 1/4/8 — 32 cases, plus a custom scale (tolerances: ws_lab.check.TOLERANCE).
+cycling through 1/4/8 — 32 cases, plus a custom scale (tolerances: ws_lab.testing.TOLERANCE).
 Then 20 runs on the same inputs give bitwise-identical output, and compute-sanitizer's racecheck
 and memcheck find nothing.
 """
 import pytest
 
-from ws_lab.kernels import largehdv
+from ws_lab.kernels.fwd import largehdv
 from tests.ws.grid import (assert_bitwise_repeatable, assert_sanitizer_clean, case_id,
                            default_scale, grid, precompile)
-from ws_lab.check import check_attention, random_qkv
+from ws_lab.testing import check_attention, random_qkv
 
 pytestmark = pytest.mark.hopper
 
@@ -48,8 +48,8 @@ def test_largehdv_is_bitwise_repeatable(causal):
 
 SANITIZED = """
 import torch
-from ws_lab.kernels import largehdv
-from ws_lab.check import check_attention
+from ws_lab.kernels.fwd import largehdv
+from ws_lab.testing import check_attention
 r = check_attention(largehdv.attention, 1, 300, 4, 2, 64, 512, True, torch.float16)
 assert r.ok, r
 """

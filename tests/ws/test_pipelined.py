@@ -1,4 +1,4 @@
-"""Pipelined baseline vs the float64 oracle on the H100 (tolerances: ws_lab.check.TOLERANCE).
+"""Pipelined baseline vs the float64 oracle on the H100 (tolerances: ws_lab.testing.TOLERANCE).
 
 Grid: (D, Dv) ∈ {64, 128, 256, 64/512} × fp16/bf16 × causal/full × S ∈ {4096, ragged}, GQA
 group cycling through 1/4/8/16, plus batch 3 and a custom softmax scale — 34 cases. Every case
@@ -6,9 +6,9 @@ draws fresh random inputs and writes into a NaN-poisoned output.
 """
 import pytest
 
-from ws_lab.kernels import pipelined
+from ws_lab.kernels.fwd import pipelined
 from tests.ws.grid import case_id, default_scale, grid, precompile
-from ws_lab.check import check_attention
+from ws_lab.testing import check_attention
 
 pytestmark = pytest.mark.hopper
 

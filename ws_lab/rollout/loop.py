@@ -51,12 +51,12 @@ class _State:
 
 def _record(state, logits, next_tokens, forced, eos_id, move):
     """Writes the step's token (forced, or sampled; EOS once finished) and advances the state
-    (the positions too with ``move``): kernels/rollout_step.py's one launch where Triton runs,
+    (the positions too with ``move``): kernels/step/rollout_step.py's one launch where Triton runs,
     the same update in torch ops elsewhere."""
     if state.logits is not None:
         state.logits.index_copy_(1, state.step, logits[:, None].float())
     kernel = registry.decode("rollout_step")
-    if kernel.supported(state.tokens):
+    if kernel.supports(state.tokens):
         kernel.advance(next_tokens, forced, state.finished, state.tokens, state.positions,
                        state.out, state.step, eos_id, move)
         return

@@ -5,12 +5,12 @@ logits: embedding, per layer (residual add + RMSNorm, one q|k|v GEMM, attention,
 residual add + RMSNorm, one gate|up GEMM, SwiGLU, down GEMM), final norm, lm_head. Nothing in it
 reads a value on the host, so the whole step captures as one CUDA graph.
 
-GEMMs are ``"lab"`` (kernels/decode_layer.py's ``linear``: weight-streaming Triton GEMMs with
+GEMMs are ``"lab"`` (kernels/step/decode_layer.py's ``linear``: weight-streaming Triton GEMMs with
 the bias and SwiGLU in their epilogues, the o and down projections split over K with the sum
 taken by the next RMSNorm; five launches a layer where cuBLAS takes seven; the lm_head too)
 or ``"torch"`` (cuBLAS through torch, the ablation).
 
-Attention is ``"fused"`` (kernels/fused_decode.py: RoPE, the cache write and attention over
+Attention is ``"fused"`` (kernels/decode/fused_decode.py: RoPE, the cache write and attention over
 [0, position] in one launch) or ``"sdpa"`` (HF's path: RoPE in torch, a scatter into the static
 cache, SDPA over the whole cache under a mask). Both keep HF StaticCache's layout, per layer
 (B, Hkv, Lmax, D), filled from the prefill that runs through the model's own forward.
@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as F
 
 from ws_lab import registry
-from ws_lab.check import runs_triton
-from ws_lab.decode_cases import apply_rope
+from ws_lab.check import triton_supports
+from ws_lab.rope import apply_rope
 
 ATTENTION = ("fused", "sdpa")
 GEMMS = ("lab", "torch")
@@ -171,11 +171,11 @@ class DecodeModel:
 
     def _chunk_max_buffer(self, batch):
         """Where the lab's lm_head leaves the top-k sampler's first pass (the maximum of every
-        CHUNK logits, kernels/sampling.py), or None: cuBLAS GEMMs, no Triton here, or a
+        CHUNK logits, kernels/step/sampling.py), or None: cuBLAS GEMMs, no Triton here, or a
         vocabulary that is not whole chunks of the lm_head's column slices."""
         sampler = registry.decode("sampling")
         vocab, hidden = self.lm_head.shape
-        if not (self.lab_gemms and runs_triton(self.device)) or vocab % sampler.CHUNK:
+        if not (self.lab_gemms and triton_supports(self.device)) or vocab % sampler.CHUNK:
             return None
         if self.ops.config_for(self.device, vocab, hidden).block_n % sampler.CHUNK:
             return None

@@ -5,7 +5,7 @@ temperature, top-p (keep the smallest set of tokens whose probability reaches p)
 Gumbel-max draw: argmax(logits − log(−log u)), u ~ U(0, 1) from torch's generator, which CUDA
 graphs replay with a fresh offset each time. (Top-k before the temperature selects the same
 tokens: dividing by a positive temperature keeps their order.) Top-k without top-p on CUDA
-runs kernels/sampling.py's two launches (the same draw: the k largest, then Gumbel-max).
+runs kernels/step/sampling.py's two launches (the same draw: the k largest, then Gumbel-max).
 """
 from dataclasses import dataclass
 
@@ -32,13 +32,13 @@ def sample(logits: torch.Tensor, cfg: Sampling, chunk_max: torch.Tensor | None =
     at a 151936-token vocabulary every full-vocabulary pass costs ~19 µs at B 64 (NOTES:
     session 15's profile), and this path makes one. ``chunk_max``: the per-chunk maxima the
     top-k kernel would compute first, when the logits' producer wrote them (``DecodeModel``).
-    ``seed``: the top-k kernel's (base, counter) device seed (kernels/sampling.py), which the
+    ``seed``: the top-k kernel's (base, counter) device seed (kernels/step/sampling.py), which the
     decode loop advances with its step counter; the torch paths draw from torch's generator."""
     if cfg.temperature == 0:
         return logits.argmax(dim=-1)
     if cfg.top_k and cfg.top_p == 1:
         kernels = registry.decode("sampling")
-        if kernels.supported(logits, cfg.top_k):  # two launches instead of torch.topk's radix passes
+        if kernels.supports(logits, cfg.top_k):  # two launches instead of torch.topk's radix passes
             return kernels.top_k_sample(logits, cfg.top_k, cfg.temperature, chunk_max, seed)
     if cfg.top_k:
         values, ids = torch.topk(logits, min(cfg.top_k, logits.shape[-1]), dim=-1)

@@ -7,7 +7,7 @@ flash-decoding split of FA2/FA3 (context segments merged by their log-sum-exp).
 
 Layouts:
   static  caches (B, Hkv, Lmax, D): Hugging Face's StaticCache.
-  paged   caches (num_blocks, block_size, Hkv, D) + block_table (B, max_blocks): kernels/paged.py.
+  paged   caches (num_blocks, block_size, Hkv, D) + block_table (B, max_blocks): kernels/decode/paged.py.
 cos / sin (L, D), L ≥ the cache's capacity: the rotate-half convention of HF Llama / Qwen2
 (``x·cos + rotate_half(x)·sin``, ``rotate_half(x) = cat(−x[D/2:], x[:D/2])``).
 
@@ -20,11 +20,11 @@ k and v at ``positions[b]`` (once per KV head) and folds the new token into its 
 from registers, while every program reads only cache tokens < position — no program reads a
 slot written in the same launch.
 With more than one segment each program leaves (m, l, O/l) in scratch and the last to arrive
-merges its group (an int32 arrival counter it resets), as kernels/paged.py's in-kernel merge.
+merges its group (an int32 arrival counter it resets), as kernels/decode/paged.py's in-kernel merge.
 The segment count comes from shapes only (no host sync), so the call captures in a CUDA graph
 and compiles once under ``torch.compile`` while positions advance. On sm_90 it launches with
 programmatic dependent launch (waits for its inputs' writer at the top, lets the next kernel
-launch after its main loop), as kernels/paged.py and the decode layer's kernels. Before that
+launch after its main loop), as kernels/decode/paged.py and the decode layer's kernels. Before that
 wait, each program of the static layout asks the L2 for its segment's cache rows (a hint; the
 context was written by earlier steps): Qwen2.5-0.5B's decode step, B 64, 0.957 → 0.952 ms
 (NOTES.md rollout, session 20).
@@ -33,38 +33,33 @@ Positions are clamped in the kernel to [0, capacity − 1]; ``check_positions=Tr
 out-of-range position on the host instead (it synchronizes).
 
 Static calls at the rollout's shape (D 64, B·Hkv ≥ 3/4 of the SMs, capacity ≤ 512, sm_90+) run
-the hand-written CUDA kernel instead (``fused_decode_cuda.applies``; same contract, same checks):
+the hand-written CUDA kernel instead (``fused_decode_cuda.supports`` and ``heuristics.fused_prefers_cuda``; same contract, same
+checks):
 in Qwen2.5-0.5B's decode step it took the step from 0.894 to 0.876 ms (session 25), then 0.853
 with its prologue's loads ahead of the context's (session 26; notes/rollout.md).
 """
 import math
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
-
-from ws_lab.check import refuse_overlapping_out, require_device, validate_scale
-from ws_lab.kernels import LOG2E
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ws_lab.kernels import fused_decode_cuda
-from ws_lab.kernels.decode_layer import _bulk_prefetch_l2
-from ws_lab.kernels.paged import (MIN_DOT_ROWS, _arrival_counters, _has_pdl, _sm_count,
-                                  _store_partials, merge_chunk)
+from ws_lab.check import SUPPORTED, Support, refuse_overlapping_out, require_device, validate_scale
+from ws_lab.kernels import LOG2E
+from ws_lab.kernels.decode import fused_decode_cuda, heuristics
+from ws_lab.kernels.decode.triton_common import (MIN_DOT_ROWS, arrival_counters,
+                                                 bulk_prefetch_l2, has_pdl, merge_chunk,
+                                                 sm_count, store_partials)
+
+BACKENDS = ("auto", "triton", "cuda")
 
 HEAD_DIMS = (64, 128)
 DTYPES = (torch.float16, torch.bfloat16)
 TILE = 64  # cache tokens per step: a 16 KB K tile at D 128
 NUM_STAGES = 3
-
-
-def num_warps_for(head_dim: int) -> int:
-    """4 warps; 2 at D 64, where a (16, 64) query-group tile leaves 4 warps little to share:
-    Qwen2.5-0.5B B 64 (14/2 heads, 456 positions), 24 layers in a graph: 9.3 against 10.7 µs
-    a layer at position 328, 10.3 against 12.3 at 450 (NOTES.md rollout, session 17)."""
-    return 2 if head_dim <= 64 else 4
-WAVES = 2  # aim the (B, Hkv, segment) grid at this many waves of programs
-MAX_SEGMENTS = 16
 
 
 @triton.jit
@@ -105,8 +100,8 @@ def _prefetch_segment(KCache, VCache, Positions, b, kvh, seg, n_seg, n_kv_heads,
     if hi > lo:
         run = ((b * n_kv_heads + kvh).to(tl.int64) * capacity + lo) * D
         nbytes = (hi - lo) * D * (KCache.dtype.element_ty.primitive_bitwidth // 8)
-        _bulk_prefetch_l2(KCache + run, nbytes)
-        _bulk_prefetch_l2(VCache + run, nbytes)
+        bulk_prefetch_l2(KCache + run, nbytes)
+        bulk_prefetch_l2(VCache + run, nbytes)
 
 
 @triton.jit
@@ -183,10 +178,10 @@ def _fused_decode_kernel(Q, KNew, VNew, KCache, VCache, Cos, Sin, Positions, Blo
         l = l * alpha + tl.sum(p, axis=1)
         m = m_new
     if PDL:
-        gdc_launch_dependents()  # after the loop, as kernels/paged.py (measured there)
+        gdc_launch_dependents()  # after the loop, as kernels/decode/paged.py (measured there)
     g_ok = g < GROUP
     if SPLIT:
-        _store_partials(MScratch, LScratch, AccScratch, Out, Arrivals + b * n_kv_heads + kvh,
+        store_partials(MScratch, LScratch, AccScratch, Out, Arrivals + b * n_kv_heads + kvh,
                         m, l, acc, b, kvh, seg, heads, g_ok, d, n_seg, n_q_heads,
                         n_q_heads * D, D, GROUP, D, D, SEG_PAD, MERGE_HEADS, True)
     else:
@@ -194,23 +189,16 @@ def _fused_decode_kernel(Q, KNew, VNew, KCache, VCache, Cos, Sin, Positions, Blo
                  mask=g_ok[:, None])
 
 
-def segments_for(batch, kv_heads, capacity, sm_count) -> int:
-    """Context segments per (sequence, KV head): enough programs for WAVES waves, each segment
-    at least one tile, at most MAX_SEGMENTS; shapes only."""
-    return max(1, min(math.ceil(WAVES * sm_count / (batch * kv_heads)),
-                      math.ceil(capacity / TILE), MAX_SEGMENTS))
-
-
 def _validate(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, block_table, out,
-              softmax_scale):
+              softmax_scale, backend):
     """Refuses bad input before any launch; returns (capacity, softmax scale)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     named = dict(q=q, k_new=k_new, v_new=v_new, k_cache=k_cache, v_cache=v_cache, cos=cos,
                  sin=sin, positions=positions)
     if block_table is not None:
         named["block_table"] = block_table
-    for name, t in named.items():
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    _require_tensors(**named)
     if q.dtype not in DTYPES:
         raise TypeError(f"q has dtype {q.dtype}; supported: {DTYPES}")
     for name in ("k_new", "v_new", "k_cache", "v_cache"):
@@ -292,6 +280,12 @@ def _validate(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, block_tabl
 _ROW_VIEWS = ("q", "k_new", "v_new")
 
 
+def _require_tensors(**named):
+    for name, t in named.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+
+
 def _new_out(q):
     """A contiguous (B, Hq, D) output (q itself may be a strided view)."""
     return torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -304,112 +298,171 @@ def _check_positions(positions, capacity):
         raise ValueError(f"positions[{b}] = {int(positions[b])} is outside [0, {capacity})")
 
 
+@dataclass(frozen=True)
+class FusedPlan:
+    """What one fused call runs, from shapes alone (CUDA-graph and ``torch.compile`` safe): the
+    backend, and for Triton the context split and warps. The launch and ``static_specs`` read
+    the same plan."""
+    backend: str  # "triton" or "cuda"
+    segments: int = 1
+    segment_tokens: int = 0
+    num_warps: int = 0
+
+    @property
+    def split(self) -> bool:
+        return self.segments > 1
+
+
+def plan(batch, kv_heads, head_dim, capacity, sm_count, *, backend="auto", paged=False,
+         cuda: Support = SUPPORTED) -> FusedPlan:
+    """The call's plan. ``cuda``: whether the CUDA kernel runs these inputs
+    (``fused_decode_cuda.supports``); ``backend="auto"`` takes it on static caches where
+    ``heuristics.fused_prefers_cuda`` holds."""
+    if backend == "cuda":
+        if paged:
+            raise ValueError("fused_paged_decode_attention: the CUDA kernel runs static caches "
+                             "only; backend must be 'auto' or 'triton'")
+        cuda.require("fused_decode_attention(backend='cuda')")
+        return FusedPlan("cuda")
+    if (backend == "auto" and not paged and cuda
+            and heuristics.fused_prefers_cuda(batch, kv_heads, sm_count)):
+        return FusedPlan("cuda")
+    n_seg = heuristics.fused_segments(batch, kv_heads, capacity, sm_count, TILE)
+    segment_tokens = math.ceil(capacity / n_seg / TILE) * TILE
+    return FusedPlan("triton", math.ceil(capacity / segment_tokens), segment_tokens,
+                     heuristics.fused_num_warps(head_dim))
+
+
+def _plan_for(q, k_new, v_new, k_cache, v_cache, cos, sin, out, capacity, block_table, backend):
+    """``plan`` for validated tensors on their device."""
+    paged = block_table is not None
+    cuda = (fused_decode_cuda.supports(q, k_new, v_new, k_cache, v_cache, cos, sin, out)
+            if not paged and backend != "triton" else Support("not asked"))
+    return plan(q.shape[0], k_new.shape[1], q.shape[2], capacity, sm_count(q.device),
+                backend=backend, paged=paged, cuda=cuda)
+
+
 def _launch(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, block_table, out, capacity,
-            scale):
-    if block_table is None and fused_decode_cuda.applies(
-            q, k_new, v_new, k_cache, v_cache, cos, sin, out, _sm_count(q.device)):
+            scale, backend):
+    the_plan = _plan_for(q, k_new, v_new, k_cache, v_cache, cos, sin, out, capacity, block_table,
+                         backend)
+    if the_plan.backend == "cuda":
         return fused_decode_cuda.launch(q, k_new, v_new, k_cache, v_cache, cos, sin, positions,
                                         out, scale)
     batch, heads, head_dim = q.shape
     kv_heads = k_new.shape[1]
-    group = heads // kv_heads
-    n_seg = segments_for(batch, kv_heads, capacity, _sm_count(q.device))
-    segment_tokens = math.ceil(capacity / n_seg / TILE) * TILE
-    n_seg = math.ceil(capacity / segment_tokens)
-    split = n_seg > 1
-    seg_pad = triton.next_power_of_2(n_seg)
-    if split:
+    n_seg = the_plan.segments
+    if the_plan.split:
         m_scratch = torch.empty(batch, heads, n_seg, dtype=torch.float32, device=q.device)
         l_scratch = torch.empty_like(m_scratch)
         acc_scratch = torch.empty(batch, heads, n_seg, head_dim, dtype=q.dtype, device=q.device)
-        arrivals = _arrival_counters(q.device, batch * kv_heads)
-    else:
-        m_scratch = l_scratch = acc_scratch = out
-        arrivals = positions
+        arrivals = arrival_counters(q.device, batch * kv_heads)
+    else:  # one segment never touches the scratch or the counters: named placeholders
+        m_scratch = l_scratch = acc_scratch = no_scratch = out
+        arrivals = no_counters = positions
     paged = block_table is not None
-    pdl = _has_pdl(q.device)
-    num_warps = num_warps_for(head_dim)
+    no_table = positions  # the static layout never reads a block table
+    pdl = has_pdl(q.device)
     _fused_decode_kernel[(batch, kv_heads, n_seg)](
         q, k_new, v_new, k_cache, v_cache, cos, sin, positions,
-        block_table if paged else positions, out, m_scratch, l_scratch, acc_scratch, arrivals,
+        block_table if paged else no_table, out, m_scratch, l_scratch, acc_scratch, arrivals,
         scale * LOG2E, capacity, heads, kv_heads,
         block_table.stride(0) if paged else 0, q.stride(0), k_new.stride(0), v_new.stride(0),
-        GROUP=group, G_PAD=max(MIN_DOT_ROWS, triton.next_power_of_2(group)), D=head_dim,
-        TILE_N=TILE, PAGED=paged, BLOCK_SIZE=k_cache.shape[1] if paged else 1, SPLIT=split,
-        MERGE_HEADS=merge_chunk(group, num_warps, seg_pad, head_dim), SEG_PAD=seg_pad,
-        PDL=pdl, L2_AHEAD=pdl and not paged, num_warps=num_warps, num_stages=NUM_STAGES,
-        launch_pdl=pdl)
+        **_meta(the_plan, heads // kv_heads, head_dim, paged,
+                k_cache.shape[1] if paged else 1, pdl),
+        num_warps=the_plan.num_warps, num_stages=NUM_STAGES, launch_pdl=pdl)
     return out
+
+
+def _meta(the_plan: FusedPlan, group, head_dim, paged, block_size, pdl) -> dict:
+    """The kernel's compile-time arguments for a Triton plan: what the launch and
+    ``static_specs`` both pass."""
+    seg_pad = triton.next_power_of_2(the_plan.segments)
+    return dict(GROUP=group, G_PAD=max(MIN_DOT_ROWS, triton.next_power_of_2(group)), D=head_dim,
+                TILE_N=TILE, PAGED=paged, BLOCK_SIZE=block_size, SPLIT=the_plan.split,
+                MERGE_HEADS=merge_chunk(group, the_plan.num_warps, seg_pad, head_dim),
+                SEG_PAD=seg_pad, PDL=pdl, L2_AHEAD=pdl and not paged)
 
 
 @torch.library.custom_op("ws_lab::fused_decode", mutates_args=("k_cache", "v_cache"))
 def fused_decode(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
                  k_cache: torch.Tensor, v_cache: torch.Tensor, cos: torch.Tensor,
-                 sin: torch.Tensor, positions: torch.Tensor, softmax_scale: float) -> torch.Tensor:
+                 sin: torch.Tensor, positions: torch.Tensor, softmax_scale: Optional[float] = None,
+                 backend: str = "auto") -> torch.Tensor:
     """The static-cache call as a custom op: it mutates the caches (the new token's slot) and
-    returns a fresh (B, Hq, D); Dynamo keeps it whole and CUDA graphs capture it."""
+    returns a fresh (B, Hq, D); Dynamo keeps it whole and CUDA graphs capture it. Its inputs
+    are validated here, once."""
     capacity, scale = _validate(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, None,
-                                None, softmax_scale)
+                                None, softmax_scale, backend)
     require_device(q.device, "triton")
     return _launch(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, None,
-                   _new_out(q), capacity, scale)
+                   _new_out(q), capacity, scale, backend)
 
 
 @fused_decode.register_fake
-def _(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, softmax_scale):
-    _validate(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, None, None, softmax_scale)
+def _(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, softmax_scale=None,
+      backend="auto"):
+    _validate(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, None, None, softmax_scale,
+              backend)
     return _new_out(q)
 
 
 def fused_decode_attention(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, *,
-                           softmax_scale=None, out=None, check_positions=False):
+                           backend="auto", softmax_scale=None, out=None, check_positions=False):
     """RoPE(q), RoPE(k_new) → k_cache[b, :, positions[b]], v_new → v_cache[b, :, positions[b]],
     then attention of q over tokens [0, positions[b]] → (B, Hq, D) in q's dtype.
 
     q (B, Hq, D); k_new / v_new (B, Hkv, D); k_cache / v_cache (B, Hkv, Lmax, D), fp16 or bf16,
     D 64 or 128; cos / sin (L ≥ Lmax, D); positions (B,) int32 on the device, ragged allowed.
-    Without ``out`` the call goes through ``torch.ops.ws_lab.fused_decode``."""
-    capacity, scale = _validate(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, None,
-                                out, softmax_scale)
+    ``backend``: "triton", "cuda" (``fused_decode_cuda.py``: D 64, groups ≤ 16, sm_90+) or
+    "auto" (the CUDA kernel where it applies and ``heuristics.fused_prefers_cuda`` holds).
+    Without ``out`` the call goes through ``torch.ops.ws_lab.fused_decode``, which validates."""
     if out is None and not check_positions:
+        # the op validates; only what its dispatcher would refuse less clearly is checked here
+        _require_tensors(q=q, k_new=k_new, v_new=v_new, k_cache=k_cache, v_cache=v_cache,
+                         cos=cos, sin=sin, positions=positions)
         return torch.ops.ws_lab.fused_decode(q, k_new, v_new, k_cache, v_cache, cos, sin,
-                                             positions, scale)
+                                             positions, softmax_scale, backend)
+    capacity, scale = _validate(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, None,
+                                out, softmax_scale, backend)
     require_device(q.device, "triton")
     if check_positions:
         _check_positions(positions, capacity)
     return _launch(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, None,
-                   _new_out(q) if out is None else out, capacity, scale)
+                   _new_out(q) if out is None else out, capacity, scale, backend)
 
 
 def fused_paged_decode_attention(q, k_new, v_new, k_cache, v_cache, block_table, cos, sin,
-                                 positions, *, softmax_scale=None, out=None,
+                                 positions, *, backend="auto", softmax_scale=None, out=None,
                                  check_positions=False):
-    """The same fused step over kernels/paged.py's cache layout: k_cache / v_cache
+    """The same fused step over kernels/decode/paged.py's cache layout: k_cache / v_cache
     (num_blocks, block_size, Hkv, D), block_table (B, max_blocks) int32; token positions[b]
     goes to block block_table[b, pos // block_size], slot pos % block_size. The context of
-    sequence b is [0, positions[b]]."""
+    sequence b is [0, positions[b]]. The Triton kernel runs it (``backend`` "auto" or
+    "triton")."""
     capacity, scale = _validate(q, k_new, v_new, k_cache, v_cache, cos, sin, positions,
-                                block_table, out, softmax_scale)
+                                block_table, out, softmax_scale, backend)
     require_device(q.device, "triton")
     if check_positions:
         _check_positions(positions, capacity)
     return _launch(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, block_table,
-                   _new_out(q) if out is None else out, capacity, scale)
+                   _new_out(q) if out is None else out, capacity, scale, backend)
+
+
+STATIC_SEGMENTS = 4  # the static report's split
 
 
 def static_specs(heads, kv_heads, head_dim, dtype="float16", paged=False):
-    """sm_90 specialization of the fused kernel (split, in-kernel merge) for the static report."""
+    """sm_90 specialization of the fused kernel (a STATIC_SEGMENTS split, in-kernel merge) for
+    the static report: the same ``_meta`` the launch passes."""
     from ws_lab.triton_static import StaticSpec
 
     elem = {"float16": "*fp16", "bfloat16": "*bf16"}[dtype]
-    group = heads // kv_heads
     types = {n: "i32" for n in _fused_decode_kernel.arg_names}
     types.update(Q=elem, KNew=elem, VNew=elem, KCache=elem, VCache=elem, Cos=elem, Sin=elem,
                  Positions="*i32", BlockTable="*i32", Out=elem, MScratch="*fp32",
                  LScratch="*fp32", AccScratch=elem, Arrivals="*i32", scale_log2="fp32")
-    meta = dict(GROUP=group, G_PAD=max(MIN_DOT_ROWS, triton.next_power_of_2(group)), D=head_dim,
-                TILE_N=TILE, PAGED=paged, BLOCK_SIZE=16 if paged else 1, SPLIT=True,
-                MERGE_HEADS=merge_chunk(group, num_warps_for(head_dim), 4, head_dim), SEG_PAD=4,
-                PDL=True, L2_AHEAD=not paged)
+    the_plan = FusedPlan("triton", STATIC_SEGMENTS, TILE, heuristics.fused_num_warps(head_dim))
+    meta = _meta(the_plan, heads // kv_heads, head_dim, paged, 16 if paged else 1, True)
     return [StaticSpec(f"fused_decode{'_paged' if paged else ''}", _fused_decode_kernel, types,
-                       meta, dict(num_warps=num_warps_for(head_dim), num_stages=NUM_STAGES))]
+                       meta, dict(num_warps=the_plan.num_warps, num_stages=NUM_STAGES))]

@@ -25,8 +25,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ws_lab.check import runs_triton
-from ws_lab.kernels.paged import _has_pdl, _sm_count
+from ws_lab.check import triton_supports
+from ws_lab.kernels.decode.triton_common import bulk_prefetch_l2, has_pdl, sm_count
 from ws_lab.target import H100_SMS
 
 
@@ -80,16 +80,6 @@ def _spin_until(t0, cycles):
 
 
 @triton.jit
-def _bulk_prefetch_l2(Base, nbytes):
-    """One ``cp.async.bulk.prefetch.L2`` of [Base, + nbytes) (a multiple of 16, ≤ 1 MB), from
-    the program's first thread."""
-    tl.inline_asm_elementwise(
-        "{ .reg .u32 t; .reg .pred p; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; "
-        "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }", "=r,l,r",
-        [Base.to(tl.pointer_type(tl.int8)), nbytes], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _prefetch_l2_kernel(Base, nbytes, PIECE: tl.constexpr, GAP: tl.constexpr):
     """Program p asks the L2 for pieces p, p + P, … of [Base, + nbytes), one
     ``cp.async.bulk.prefetch.L2`` from its first thread every GAP cycles (the bytes are not
@@ -101,7 +91,7 @@ def _prefetch_l2_kernel(Base, nbytes, PIECE: tl.constexpr, GAP: tl.constexpr):
     while piece < n_pieces:
         start = piece.to(tl.int64) * PIECE
         size = tl.minimum(nbytes - start, PIECE).to(tl.int32)
-        _bulk_prefetch_l2(Base.to(tl.pointer_type(tl.int8)) + start, size)
+        bulk_prefetch_l2(Base.to(tl.pointer_type(tl.int8)) + start, size)
         issued += 1
         _spin_until(t0, issued * GAP)
         piece += tl.num_programs(0)
@@ -117,7 +107,7 @@ def prefetch_l2(t: torch.Tensor):
     if not t.is_contiguous():
         raise ValueError("prefetch_l2: a contiguous tensor expected")
     nbytes = t.numel() * t.element_size() // 16 * 16
-    if nbytes and _has_pdl(t.device):
+    if nbytes and has_pdl(t.device):
         _prefetch_l2_kernel[(PREFETCH_PROGRAMS,)](t, nbytes, PIECE=PREFETCH_PIECE,
                                                   GAP=PREFETCH_GAP, num_warps=1)
 
@@ -151,8 +141,8 @@ def _prefetch_context_l2_kernel(KCache, VCache, Positions, rows, heads, capacity
         start = tl.full((), 0, tl.int64)
         while start < size:
             piece = tl.minimum(size - start, PIECE).to(tl.int32)
-            _bulk_prefetch_l2(KCache.to(tl.pointer_type(tl.int8)) + base + start, piece)
-            _bulk_prefetch_l2(VCache.to(tl.pointer_type(tl.int8)) + base + start, piece)
+            bulk_prefetch_l2(KCache.to(tl.pointer_type(tl.int8)) + base + start, piece)
+            bulk_prefetch_l2(VCache.to(tl.pointer_type(tl.int8)) + base + start, piece)
             start += PIECE
         issued += 1
         _spin_until(t0, issued * GAP)
@@ -180,7 +170,7 @@ def prefetch_context_l2(k_cache: torch.Tensor, v_cache: torch.Tensor, positions:
         raise ValueError(f"prefetch_context_l2: positions on {positions.device}, caches on "
                          f"{k_cache.device}")
     token_bytes = dim * k_cache.element_size()
-    if batch * heads and token_bytes % 16 == 0 and _has_pdl(k_cache.device):
+    if batch * heads and token_bytes % 16 == 0 and has_pdl(k_cache.device):
         _prefetch_context_l2_kernel[(CONTEXT_PREFETCH_PROGRAMS,)](
             k_cache, v_cache, positions, batch * heads, heads, capacity, capacity * token_bytes,
             TOKEN_BYTES=token_bytes, PIECE=MAX_BULK_PREFETCH, GAP=CONTEXT_PREFETCH_GAP,
@@ -263,7 +253,7 @@ def add_rmsnorm(x, weight, eps, residual=None):
     ``residual`` the sum is also written back into it (it carries the stream on). ``x`` may be
     a split-K ``linear``'s (splits, rows, H) fp32 partials: their sum, rounded to the weight's
     dtype, is the input. Returns the normed rows."""
-    if not runs_triton(x.device):
+    if not triton_supports(x.device):
         if x.dim() == 3:
             x = x.sum(0).to(weight.dtype)
         if residual is not None:
@@ -275,7 +265,7 @@ def add_rmsnorm(x, weight, eps, residual=None):
     parts = x.shape[0] if x.dim() == 3 else 1
     rows, n_cols = x.shape[-2:]
     out = torch.empty(rows, n_cols, dtype=weight.dtype, device=x.device)
-    pdl = _has_pdl(x.device)
+    pdl = has_pdl(x.device)
     _add_rmsnorm_kernel[(rows,)](x, residual if residual is not None else out, weight, out, eps,
                                  n_cols, rows * n_cols, ADD=residual is not None, PARTS=parts,
                                  BLOCK=triton.next_power_of_2(n_cols), PDL=pdl, num_warps=4,
@@ -330,7 +320,7 @@ def linear_config(n, k, glu, split_ok, sm_count) -> LinearConfig:
 
 def config_for(device, n, k, glu=False, split_ok=False) -> LinearConfig:
     """The config ``linear`` picks for an (N, K) weight on ``device``."""
-    return linear_config(n, k, glu, split_ok, _sm_count(device))
+    return linear_config(n, k, glu, split_ok, sm_count(device))
 
 
 def linear(x, weight, bias=None, *, glu=False, split_ok=False, config: LinearConfig | None = None,
@@ -340,7 +330,7 @@ def linear(x, weight, bias=None, *, glu=False, split_ok=False, config: LinearCon
     result may come back as (splits, M, N) fp32 partials (for ``add_rmsnorm``, which sums
     them). ``config`` overrides ``linear_config`` (for tuning). ``chunk_max``: an (M, N / C)
     fp32 tensor that also receives the maximum of every C consecutive outputs of a row (the
-    lm_head hands the top-k sampler its first pass, kernels/sampling.py).
+    lm_head hands the top-k sampler its first pass, kernels/step/sampling.py).
 
     On sm_90, a program whose K range is one BLOCK_K tile (the o projection's split) loads its
     weight tile before its programmatic-dependent-launch wait, so the load overlaps the tail of
@@ -351,7 +341,7 @@ def linear(x, weight, bias=None, *, glu=False, split_ok=False, config: LinearCon
     Qwen2.5-0.5B decode step, where the same trigger at the top of the norms or the attention
     costs 11–18 µs (NOTES.md rollout, session 21)."""
     n = weight.shape[0] // 2 if glu else weight.shape[0]
-    if not runs_triton(x.device):
+    if not triton_supports(x.device):
         y = torch.nn.functional.linear(x, weight, bias)
         y = silu_mul(y) if glu else y
         if chunk_max is not None:
@@ -373,7 +363,7 @@ def linear(x, weight, bias=None, *, glu=False, split_ok=False, config: LinearCon
         out = torch.empty(cfg.splits, m, n, dtype=torch.float32, device=x.device)
     else:
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    pdl = _has_pdl(x.device)
+    pdl = has_pdl(x.device)
     grid = (n // cfg.block_n, cfg.splits, triton.cdiv(m, BLOCK_M))
     w_early = pdl and k // cfg.splits == cfg.block_k and not glu
     _linear_kernel[grid](x, weight, bias if bias is not None else weight, out,

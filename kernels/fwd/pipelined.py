@@ -24,8 +24,9 @@ from dataclasses import dataclass
 import tilelang.language as T
 import torch
 
-from ws_lab.kernels import LOG2E, qtile_grid
-from ws_lab.kernels.softmax import alloc_softmax_state, normalize_o, online_softmax
+from ws_lab.kernels import LOG2E
+from ws_lab.kernels.fwd.softmax import alloc_softmax_state, normalize_o, online_softmax
+from ws_lab.kernels.fwd.tile_scheduler import qtile_grid
 from ws_lab.check import validate_attention_inputs
 from ws_lab.shapes import Shape
 from ws_lab.target import compile_sm90a
@@ -91,7 +92,7 @@ def flash_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dty
             v_s = T.alloc_shared([bn, head_dim_v], dtype)
             o_s = T.alloc_shared([bm, head_dim_v], dtype)
             acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum = \
-                alloc_softmax_state(bm, bn, head_dim_v, dtype)
+                alloc_softmax_state(bm, bn, head_dim_v, dtype).registers()
 
             T.copy(Q[bz, bx * bm:(bx + 1) * bm, by, :], q_s)
             T.fill(acc_o, 0)

@@ -101,7 +101,7 @@ def _mha_fwd_kernel(Q, K, V, Out, scale_log2, S, H, GROUP,
              out.to(Out.dtype.element_ty), mask=offs_m[:, None] < S)
 
 
-def _launch(q, k, v, out, causal, scale):
+def launch(q, k, v, out, causal, scale):
     batch, seq, heads, head_dim = q.shape
     if causal:
         grid = lambda meta: (batch * heads, triton.cdiv(seq, meta["BLOCK_M"]))  # noqa: E731
@@ -126,7 +126,7 @@ def triton_mha(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                softmax_scale: float) -> torch.Tensor:
     """(B, S, Hq, D) attention; k, v (B, S, Hkv, D). Inputs need stride 1 in D only."""
     dims = _validated(q, k, v, causal, softmax_scale)
-    return _launch(q, k, v, torch.empty_like(q), causal, dims.softmax_scale)
+    return launch(q, k, v, torch.empty_like(q), causal, dims.softmax_scale)
 
 
 @triton_mha.register_fake
@@ -141,7 +141,7 @@ def attention(q, k, v, causal=False, softmax_scale=None, out=None):
     dims = _validated(q, k, v, causal, softmax_scale, out)
     if out is None:
         return triton_mha(q, k, v, bool(causal), dims.softmax_scale)
-    return _launch(q, k, v, out, bool(causal), dims.softmax_scale)
+    return launch(q, k, v, out, bool(causal), dims.softmax_scale)
 
 
 def supports(shape) -> bool:

@@ -18,8 +18,10 @@ from pathlib import Path
 
 import torch
 
-_MAX_DYNAMIC_SHARED = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+from ws_lab.check import SUPPORTED, Support
+
+MAX_DYNAMIC_SHARED = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 
 
 def arch_flag(capability) -> str:
@@ -79,9 +81,13 @@ class CudaSource:
         return target
 
     @functools.cache
-    def buildable(self, capability) -> bool:
-        """nvcc on PATH, or the cubin already cached (asked on every dispatching call)."""
-        return shutil.which("nvcc") is not None or self.cached_cubin(capability).exists()
+    def supports(self, capability) -> Support:
+        """Whether the kernels can be had for ``capability``: nvcc on PATH, or the cubin already
+        cached (asked on every dispatching call)."""
+        if shutil.which("nvcc") is not None or self.cached_cubin(capability).exists():
+            return SUPPORTED
+        return Support(f"{self.path.name} is compiled on first use and needs nvcc on PATH (the "
+                       "CUDA toolkit)")
 
     def launch(self, device, name, grid, threads, smem, args, pdl=False) -> None:
         """Launches kernel ``name`` on ``device``'s current stream (the module built and loaded
@@ -154,17 +160,17 @@ def print_static_report(title, report, capability=(9, 0)) -> None:
         print("| " + " | ".join(str(r[k]) for k in keys) + " |")
 
 
-class _LaunchAttribute(ctypes.Structure):
+class CuLaunchAttribute(ctypes.Structure):
     """CUlaunchAttribute: an id, padding, a 64-byte value union."""
     _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_char * 64)]
 
 
-class _LaunchConfig(ctypes.Structure):
+class CuLaunchConfig(ctypes.Structure):
     """CUlaunchConfig."""
     _fields_ = [("grid_x", ctypes.c_uint), ("grid_y", ctypes.c_uint), ("grid_z", ctypes.c_uint),
                 ("block_x", ctypes.c_uint), ("block_y", ctypes.c_uint),
                 ("block_z", ctypes.c_uint), ("shared_bytes", ctypes.c_uint),
-                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttribute)),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(CuLaunchAttribute)),
                 ("num_attrs", ctypes.c_uint)]
 
 
@@ -185,7 +191,7 @@ class Module:
             _check(self._driver.cuModuleGetFunction(ctypes.byref(fn), self._handle,
                                                     name.encode()), name)
         if smem > allowed:  # a kernel's shared memory can grow with its arguments
-            _check(self._driver.cuFuncSetAttribute(fn, _MAX_DYNAMIC_SHARED, smem),
+            _check(self._driver.cuFuncSetAttribute(fn, MAX_DYNAMIC_SHARED, smem),
                    f"{name}: {smem} bytes of shared memory")
             self._functions[name] = fn, smem
         pointers = (ctypes.c_void_p * len(args))(
@@ -194,9 +200,9 @@ class Module:
             _check(self._driver.cuLaunchKernel(fn, *grid, threads, 1, 1, smem,
                                                ctypes.c_void_p(stream), pointers, None), name)
             return
-        attr = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION,
+        attr = CuLaunchAttribute(id=PROGRAMMATIC_STREAM_SERIALIZATION,
                                 value=(1).to_bytes(4, "little"))
-        config = _LaunchConfig(*grid, threads, 1, 1, smem, stream, ctypes.pointer(attr), 1)
+        config = CuLaunchConfig(*grid, threads, 1, 1, smem, stream, ctypes.pointer(attr), 1)
         _check(self._driver.cuLaunchKernelEx(ctypes.byref(config), fn, pointers, None), name)
 
 

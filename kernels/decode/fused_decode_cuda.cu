@@ -1,9 +1,9 @@
 // Fused decode attention in CUDA C++ on static caches (B, Hkv, Lmax, D): RoPE on q and the new k,
 // the cache write at each sequence's position, and attention over [0, position], one launch.
-// Built and launched by fused_decode_cuda.py; kernels/fused_decode.py's ``_launch`` dispatches
+// Built and launched by fused_decode_cuda.py; kernels/decode/fused_decode.py's ``_launch`` dispatches
 // here where ``fused_decode_cuda.applies`` holds (the rollout's Qwen2.5-0.5B shape among them).
 //
-// Counterpart: the Triton kernel it replaces there (kernels/fused_decode.py), with the warp
+// Counterpart: the Triton kernel it replaces there (kernels/decode/fused_decode.py), with the warp
 // structure of this lab's paged_cuda.cu (FlashAttention-2's split-KV decode, FlashInfer's GQA
 // tile: a KV head's query group as the 16 rows of one mma tile).
 //

@@ -1,5 +1,6 @@
 """Fused decode attention in hand-written CUDA (``fused_decode_cuda.cu``) on static caches: what
-``fused_decode``'s static entry runs where ``applies`` holds; the Triton kernel runs elsewhere.
+``fused_decode``'s static entry runs where ``supports`` holds and ``heuristics.fused_prefers_cuda``
+says it pays (``backend="auto"``), or on ``backend="cuda"``; the Triton kernel runs elsewhere.
 
 Why it exists: in the rollout's decode step (Qwen2.5-0.5B, B 64, 14/2 heads, D 64, capacity
 456, 24 layers) the Triton kernel costs ~9.4 µs a layer against the 3.4 µs its 10.7 MB of K/V
@@ -8,27 +9,27 @@ chunks, with no CTA barrier in the main loop and no context segments to merge ac
 it the step went from 0.894 to 0.876 ms (notes/rollout.md, Session 25, run 170), and to 0.853
 with the prologue's loads issued ahead of the ring's (Session 26, runs 175 and 177).
 
-Scope (``applies``): static caches, fp16 / bf16, D 64, query groups of ≤ 16 heads, cos / sin in
-q's dtype, sm_90+ (it waits with ``griddepcontrol`` and launches with PDL), B·Hkv ≥ 3/4 of the
-SMs (one CTA per (sequence, KV head) must fill the GPU), capacity ≤ 512 tokens (measured at 456;
-longer contexts keep the Triton kernel's segments), q / k_new / v_new / the caches / cos / sin
+Scope (``supports``): static caches, fp16 / bf16, D 64, query groups of ≤ 16 heads, cos / sin in
+q's dtype, sm_90+ (it waits with ``griddepcontrol`` and launches with PDL), capacity ≤ 512
+tokens (measured at 456; longer contexts keep the Triton kernel's segments), q / k_new / v_new / the caches / cos / sin
 on 16-byte boundaries with batch strides of whole 16-byte pieces (the prologue loads 16-byte
 pieces), nvcc on PATH or the cubin cached. Positions are clamped to [0, capacity − 1] in the
-kernel, as in the Triton kernel.
+kernel, as in the Triton kernel. ``backend="auto"`` takes it only where B·Hkv ≥ 3/4 of the
+SMs (``heuristics.fused_prefers_cuda``: one CTA per (sequence, KV head) must fill the GPU).
 """
 import ctypes
 from pathlib import Path
 
 import torch
 
+from ws_lab.check import SUPPORTED, Support
 from ws_lab.kernels import LOG2E
-from ws_lab.kernels.cubin import CudaSource
+from ws_lab.kernels.decode.cubin import CudaSource
 
 SOURCE = CudaSource(Path(__file__).with_suffix(".cu"))
 HEAD_DIM = 64
 MAX_GROUP = 16  # the query group is the 16 rows of one mma tile
 MAX_CAPACITY = 512
-SM_SHARE = 0.75
 DTYPE_NAMES = {torch.float16: "f16", torch.bfloat16: "bf16"}
 # warps, cp.async ring slots a warp, 16-token chunks a slot; in the rollout's step (run 170):
 # 8,3,1 0.876 ms; 4,3,1 0.885; 8,2,1 0.910; 4,2,1 0.902; 4,4,1 0.901; the Triton kernel 0.894.
@@ -48,31 +49,47 @@ def kernel_name(dtype) -> str:
     return f"fused_decode_{DTYPE_NAMES[dtype]}_{HEAD_DIM}_{NUM_WARPS}_{STAGES}_{CHUNKS_PER_SLOT}"
 
 
-def shape_applies(batch, heads, kv_heads, head_dim, capacity, dtype, rope_dtype,
-                  sm_count) -> bool:
-    """The shape half of ``applies`` (no device needed)."""
-    return (dtype in DTYPE_NAMES and rope_dtype == dtype and head_dim == HEAD_DIM
-            and heads // kv_heads <= MAX_GROUP and capacity <= MAX_CAPACITY
-            and batch * kv_heads >= SM_SHARE * sm_count and max(batch, kv_heads) <= 65535)
+def shape_supports(batch, heads, kv_heads, head_dim, capacity, dtype, rope_dtype) -> Support:
+    """The shape half of ``supports`` (no device needed)."""
+    if dtype not in DTYPE_NAMES or rope_dtype != dtype:
+        return Support(f"takes fp16 / bf16 with cos / sin in q's dtype, got {dtype} and "
+                       f"{rope_dtype}", TypeError)
+    if head_dim != HEAD_DIM:
+        return Support(f"supports head dim {HEAD_DIM} only, got {head_dim}")
+    if heads // kv_heads > MAX_GROUP:
+        return Support(f"takes query groups of at most {MAX_GROUP} heads, got {heads // kv_heads}")
+    if capacity > MAX_CAPACITY:
+        return Support(f"was measured up to a capacity of {MAX_CAPACITY} tokens, got {capacity} "
+                       "(longer contexts take the Triton kernel's segments)")
+    if max(batch, kv_heads) > 65535:
+        return Support(f"grids hold at most 65535 sequences and KV heads, got B={batch}, "
+                       f"Hkv={kv_heads}")
+    return SUPPORTED
 
 
-def applies(q, k_new, v_new, k_cache, v_cache, cos, sin, out, sm_count) -> bool:
-    """Whether the static call goes to this kernel (inputs already validated by
-    ``fused_decode._validate``)."""
-    if q.device.type != "cuda" or not shape_applies(
-            q.shape[0], q.shape[1], k_cache.shape[1], q.shape[2], k_cache.shape[2], q.dtype,
-            cos.dtype, sm_count):
-        return False
+def supports(q, k_new, v_new, k_cache, v_cache, cos, sin, out) -> Support:
+    """Whether the static call can run here (inputs already validated by
+    ``fused_decode._validate``); ``fused_decode.plan`` decides whether it pays."""
+    shape = shape_supports(q.shape[0], q.shape[1], k_cache.shape[1], q.shape[2],
+                           k_cache.shape[2], q.dtype, cos.dtype)
+    if not shape:
+        return shape
     # cp.async moves 16-byte pieces of cache rows, the prologue 16-byte pieces of q, k_new,
     # v_new and the cos / sin rows; the output is written as element pairs
     rows = (q, k_new, v_new, k_cache, v_cache, cos, sin)
-    if any(t.data_ptr() % 16 or t.stride(0) % 8 for t in rows) or out.data_ptr() % 4:
-        return False
+    if any(t.data_ptr() % 16 or t.stride(0) % 8 for t in rows) or (out is not None
+                                                                   and out.data_ptr() % 4):
+        return Support("needs 16-byte aligned rows with batch strides of whole 16-byte pieces")
+    if q.device.type != "cuda":
+        return Support(f"needs CUDA tensors, got {q.device.type} tensors")
     capability = torch.cuda.get_device_capability(q.device)
-    return capability >= (9, 0) and SOURCE.buildable(capability)
+    if capability < (9, 0):
+        return Support(f"needs sm_90 (griddepcontrol), {q.device} has "
+                       f"{capability[0]}.{capability[1]}")
+    return SOURCE.supports(capability)
 
 
-class _Params(ctypes.Structure):
+class Params(ctypes.Structure):
     """fused_decode_cuda.cu's ``Params<T>``, field for field."""
     _fields_ = ([(n, ctypes.c_uint64) for n in ("q", "k_new", "v_new", "k_cache", "v_cache",
                                                  "cos", "sin", "positions", "out")]
@@ -85,7 +102,7 @@ def launch(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, out, scale) -
     """One launch on the current stream, with PDL; ``out`` contiguous (B, Hq, D)."""
     batch, heads, _ = q.shape
     kv_heads, capacity = k_cache.shape[1], k_cache.shape[2]
-    params = _Params(q.data_ptr(), k_new.data_ptr(), v_new.data_ptr(), k_cache.data_ptr(),
+    params = Params(q.data_ptr(), k_new.data_ptr(), v_new.data_ptr(), k_cache.data_ptr(),
                      v_cache.data_ptr(), cos.data_ptr(), sin.data_ptr(), positions.data_ptr(),
                      out.data_ptr(), scale * LOG2E, heads // kv_heads, capacity, q.stride(0),
                      k_new.stride(0), v_new.stride(0))

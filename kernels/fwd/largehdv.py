@@ -6,7 +6,7 @@ tile 64 × 64, registers 24 / 240 / 240. Both consumer warpgroups own the same 6
 split O by columns: with Dv 512 a single warpgroup would need 256 fp32 accumulator registers
 per thread for O alone.
 
-Roles (384 threads; as in ``kernels/coop.py`` the producer is the last warpgroup):
+Roles (384 threads; as in ``kernels/fwd/coop.py`` the producer is the last warpgroup):
   threads   0..127  WG1: S = Q Kᵀ (SS wgmma), mask, online softmax; publishes P (64 × 64, input
                     dtype) and the per-row rescale factors to smem; O[:, :Dv/2] += P V[:, :Dv/2]
                     (RS wgmma, P in registers)                         setmaxnreg 240
@@ -22,7 +22,7 @@ Barriers (mbarriers): q_full (32: the producer warp), k_full[s] / v_full[s] (32 
 k_empty[s] (128: WG1, the only reader of K), v_empty[s] (256: both warpgroups), p_full[s] (128:
 WG1 has written P_s and its rescale factors) and p_empty[s] (128: WG2's GEMM on P_s retired) —
 FA3's PFull / PEmpty as an mbarrier ring, so WG1 runs up to ``stages`` blocks ahead of WG2.
-Named barriers: ``coop.NamedBarrier`` (EPILOGUE_WG1/2, ROW_SUM).
+Named barriers: ``barriers.NamedBarrier`` (EPILOGUE_WG1/2, ROW_SUM).
 
 Shared memory (2-byte elements, stages s = 2, block_n 64): Q 64·64 + s·64·(64 + Dv) + P s·64·64
 + rescale s·64·4 B + row sums 256 B. Dv 512: 8 + 16 + 128 + 16 + 0.75 KB ≈ 169 KB;
@@ -35,11 +35,14 @@ import tilelang.language as T
 import torch
 from tilelang.layout import make_swizzled_layout
 
-from ws_lab.kernels import LOG2E, qtile_grid
-from ws_lab.kernels.coop import (CONSUMER_THREADS, PASS_CONFIGS, PRODUCER_WARP, NamedBarrier,
-                          kv_producer, store_o)
-from ws_lab.kernels.softmax import (alloc_softmax_state, normalize_o, rescale_o, score_mask,
+from ws_lab.kernels import LOG2E
+from ws_lab.kernels.fwd.barriers import NamedBarrier
+from ws_lab.kernels.fwd.coop import (CONSUMER_THREADS, PASS_CONFIGS, PRODUCER_WARP, KVStages,
+                                     kv_producer, store_o)
+from ws_lab.kernels.fwd.pipeline import KVRing
+from ws_lab.kernels.fwd.softmax import (alloc_softmax_state, normalize_o, rescale_o, score_mask,
                              softmax_stats)
+from ws_lab.kernels.fwd.tile_scheduler import qtile_grid
 from ws_lab.check import validate_attention_inputs
 from ws_lab.shapes import Shape
 from ws_lab.target import compile_sm90a
@@ -47,6 +50,7 @@ from ws_lab.target import compile_sm90a
 BLOCK_M = 64  # both consumer warpgroups share these rows
 BLOCK_N = 64
 STAGES = 2
+RING = KVRing(STAGES)
 WG_THREADS = 128
 HEAD_DIMS = [(64, 256), (64, 512)]
 
@@ -73,8 +77,8 @@ def largehdv_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, 
         """P_kb and its rows' rescale factors into smem stage kb % STAGES for WG2 (PFull).
         P is written from the fp32 accumulator, not from the RS operand fragment: copying a
         GEMM-operand fragment to smem writes wrong data (tilelang #2954)."""
-        stage = kb % STAGES
-        T.mbarrier_wait_parity(p_empty[stage], ((kb // STAGES) % 2) ^ 1)
+        stage, phase = RING.at(kb)
+        T.mbarrier_wait_parity(p_empty[stage], phase ^ 1)
         T.copy(acc_s, p_s[stage, :, :])
         for i in T.Parallel(BLOCK_M):
             rescale_s[stage, i] = row_rescale[i]
@@ -87,7 +91,7 @@ def largehdv_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, 
         """WG1, IntraWGOverlap as in coop_overlap: the QK GEMM and softmax of block n run while
         WG1's own PV GEMM of block n-1 is in flight; then P_n goes to WG2."""
         acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum = \
-            alloc_softmax_state(BLOCK_M, BLOCK_N, half_v, dtype)
+            alloc_softmax_state(BLOCK_M, BLOCK_N, half_v, dtype).registers()
         T.fill(acc_o, 0)
         T.fill(row_sum, 0)
         T.fill(row_max, neg_inf)
@@ -103,12 +107,12 @@ def largehdv_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, 
         publish_p(acc_s, row_rescale, p_s, rescale_s, p_full, p_empty, 0)
         T.copy(acc_s, p)
         for kb in T.serial(1, loop_range):
-            stage = kb % STAGES
-            prev = (kb - 1) % STAGES
-            T.mbarrier_wait_parity(k_full[stage], (kb // STAGES) % 2)
+            stage = RING.stage(kb)
+            prev = RING.stage(kb - 1)
+            T.mbarrier_wait_parity(k_full[stage], RING.phase(kb))
             T.wgmma_gemm(q_s, k_s[stage, :, :], acc_s, transpose_B=True, clear_accum=True)
             rescale_o(acc_o, row_rescale, BLOCK_M, half_v)  # in the QK GEMM's shadow
-            T.mbarrier_wait_parity(v_full[prev], ((kb - 1) // STAGES) % 2)
+            T.mbarrier_wait_parity(v_full[prev], RING.phase(kb - 1))
             T.wgmma_gemm(p, v_s[prev, 0, :, :], acc_o, clear_accum=False)
             T.wait_wgmma(1)
             T.warpgroup_fence_operand(acc_s, num_regs=s_regs)
@@ -125,9 +129,9 @@ def largehdv_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, 
             publish_p(acc_s, row_rescale, p_s, rescale_s, p_full, p_empty, kb)
             T.mbarrier_arrive(v_empty[prev])
             T.copy(acc_s, p)
-        last = (loop_range - 1) % STAGES
+        last = RING.stage(loop_range - 1)
         rescale_o(acc_o, row_rescale, BLOCK_M, half_v)
-        T.mbarrier_wait_parity(v_full[last], ((loop_range - 1) // STAGES) % 2)
+        T.mbarrier_wait_parity(v_full[last], RING.phase(loop_range - 1))
         T.wgmma_gemm(p, v_s[last, 0, :, :], acc_o, clear_accum=False)
         T.wait_wgmma(0)
         T.warpgroup_fence_operand(acc_o, num_regs=o_regs)
@@ -147,8 +151,7 @@ def largehdv_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, 
         acc_o = T.alloc_fragment([BLOCK_M, half_v], accum)
         T.fill(acc_o, 0)
         for kb in T.serial(loop_range):
-            stage = kb % STAGES
-            phase = (kb // STAGES) % 2
+            stage, phase = RING.at(kb)
             T.mbarrier_wait_parity(p_full[stage], phase)
             for i, j in T.Parallel(BLOCK_M, half_v):
                 acc_o[i, j] *= rescale_s[stage, i]
@@ -161,7 +164,7 @@ def largehdv_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, 
         T.sync_threads(NamedBarrier.ROW_SUM, 2 * WG_THREADS)
         inv_sum = T.alloc_fragment([BLOCK_M], accum)
         normalize_o(acc_o, row_sum_s, inv_sum, BLOCK_M, half_v)
-        last = (loop_range - 1) % STAGES
+        last = RING.stage(loop_range - 1)
         store_o(acc_o, v_s[last, 1, :, :], Out[b, row0:row0 + BLOCK_M, head, half_v:head_dim_v],
                 NamedBarrier.EPILOGUE_WG2)
 
@@ -198,8 +201,8 @@ def largehdv_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, 
                 if tx < CONSUMER_THREADS + PRODUCER_WARP:
                     T.tma_copy(Q[b, row0:row0 + BLOCK_M, head, :], q_s, barrier=q_full)
                     T.mbarrier_arrive(q_full)
-                    produce_kv(K, V, k_s, v_s, k_full, k_empty, v_full, v_empty, b, head // group,
-                               loop_range)
+                    produce_kv(K, V, KVStages(k_s, v_s, k_full, k_empty, v_full, v_empty), b,
+                               head // group, loop_range)
             elif tx < WG_THREADS:
                 T.set_max_nreg(240, 1)
                 softmax_wg(Out, q_s, k_s, v_s, p_s, rescale_s, row_sum_s, q_full, k_full,

@@ -3,15 +3,42 @@
 FA3 counterpart: ``hopper/softmax.h`` (``max_get_scale`` + ``online_softmax``, then ``rescale_o``).
 Scores are scaled inside exp2 (``scale · log2 e``), so one FFMA per element does scale and shift.
 """
+from dataclasses import dataclass
+
 import tilelang.language as T
 
 
-def alloc_softmax_state(rows, cols, head_dim_v, dtype, accum="float"):
-    """One warpgroup's online-softmax registers: S (fp32), P (input dtype), O (fp32) and the
-    per-row max, previous max, rescale factor, block sum and running sum."""
-    return (T.alloc_fragment([rows, cols], accum), T.alloc_fragment([rows, cols], dtype),
-            T.alloc_fragment([rows, head_dim_v], accum),
-            *(T.alloc_fragment([rows], accum) for _ in range(5)))
+@dataclass(frozen=True)
+class SoftmaxState:
+    """One warpgroup's online-softmax registers (FA3's ``Softmax`` object): S (fp32), P (input
+    dtype), O (fp32) and the per-row max, previous max, rescale factor, block sum and running
+    sum. Macros take the state whole; ``registers()`` unpacks it where a kernel names them."""
+    acc_s: object
+    p: object
+    acc_o: object
+    row_max: object
+    row_max_prev: object
+    row_rescale: object
+    block_sum: object
+    row_sum: object
+
+    def registers(self) -> tuple:
+        return tuple(getattr(self, f) for f in self.__dataclass_fields__)
+
+
+@T.macro
+def alloc_softmax_state(rows, cols, head_dim_v, dtype, accum="float") -> SoftmaxState:
+    """Allocates one warpgroup's ``SoftmaxState`` (a macro, so the emitted CUDA names each
+    register array as the fields do)."""
+    acc_s = T.alloc_fragment([rows, cols], accum)
+    p = T.alloc_fragment([rows, cols], dtype)
+    acc_o = T.alloc_fragment([rows, head_dim_v], accum)
+    row_max = T.alloc_fragment([rows], accum)
+    row_max_prev = T.alloc_fragment([rows], accum)
+    row_rescale = T.alloc_fragment([rows], accum)
+    block_sum = T.alloc_fragment([rows], accum)
+    row_sum = T.alloc_fragment([rows], accum)
+    return SoftmaxState(acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum)
 
 
 def score_mask(causal: bool, seq_len: int, rows: int, block_n: int, accum="float",

@@ -7,7 +7,7 @@ every row; NOTES.md rollout, session 17) — a tenth of the lab's decode step.
 
   1. ``_chunk_max_kernel`` (grid rows × blocks of chunks): the maximum of every CHUNK columns,
      one pass over the logits — or none, when the logits' producer hands the maxima in (the
-     decode model's lm_head writes them in its epilogue: kernels/decode_layer.py).
+     decode model's lm_head writes them in its epilogue: kernels/step/decode_layer.py).
   2. ``_top_k_sample_kernel`` (one program per row):
      - the K chunks with the largest maxima: every one of the row's K largest values lies in
        one of them (a value ≥ the K-th largest lies in a chunk whose maximum is ≥ it, and at
@@ -41,8 +41,8 @@ import triton.language as tl
 
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ws_lab.check import runs_triton
-from ws_lab.kernels.paged import _has_pdl
+from ws_lab.check import SUPPORTED, Support, triton_supports
+from ws_lab.kernels.decode.triton_common import has_pdl
 
 # columns per chunk: the candidates are K · CHUNK values a row. 64: 38.6–39.8 µs a call at
 # (64, 151936) bf16, k 50; 128: 44.6 (torch.topk: 126; NOTES.md rollout, session 17)
@@ -55,7 +55,7 @@ KEY_SHIFT = {torch.float16: 13, torch.bfloat16: 16, torch.float32: 0}  # zero lo
 
 
 @triton.jit
-def _order_key(x, SHIFT: tl.constexpr):
+def order_key(x, SHIFT: tl.constexpr):
     """int32 whose signed order is the float order of x (fp32 bits; negatives flipped),
     shifted right by SHIFT: the fp32 bits of an fp16 (bf16) value end in 13 (16) zero bits,
     so the shift is exact and leaves the search 19 (16) bits instead of 32."""
@@ -64,7 +64,7 @@ def _order_key(x, SHIFT: tl.constexpr):
 
 
 @triton.jit
-def _kth_largest_key(keys, K: tl.constexpr, lo, hi):
+def kth_largest_key(keys, K: tl.constexpr, lo, hi):
     """(τ, count(keys > τ)) for τ the K-th largest key, i.e. the largest t in [lo, hi) with
     count(keys ≥ t) ≥ K, given count(keys ≥ lo) ≥ K and hi above every key. A ternary
     search: two thresholds a round, their counts (≤ 65535 keys) packed into one int32 sum, so
@@ -87,7 +87,7 @@ def _kth_largest_key(keys, K: tl.constexpr, lo, hi):
 
 
 @triton.jit
-def _first_k(keys, K: tl.constexpr, tau, n_above):
+def first_k(keys, K: tl.constexpr, tau, n_above):
     """The K largest keys, given the K-th largest τ and count(keys > τ): every key above τ,
     then ties in flat order. Returns (mask, each kept key's 0-based rank among the kept in
     flat order), from one scan of the above and tie counts packed into an int32."""
@@ -100,7 +100,7 @@ def _first_k(keys, K: tl.constexpr, tau, n_above):
 
 
 @triton.jit
-def _min_max(a_min, a_max, b_min, b_max):
+def min_max(a_min, a_max, b_min, b_max):
     return tl.minimum(a_min, b_min), tl.maximum(a_max, b_max)
 
 
@@ -129,11 +129,11 @@ def _top_k_sample_kernel(Logits, Maxes, Scratch, Seed, SeedCounter, Out, cols, n
     # the K chunks with the largest maxima, compacted through the scratch row
     c = tl.arange(0, CHUNKS_PAD)
     maxes = tl.load(Maxes + row * n_chunks + c, mask=c < n_chunks, other=float("-inf"))
-    max_keys = _order_key(maxes, SHIFT)
-    key_min, key_max = tl.reduce((max_keys, max_keys), 0, _min_max)
+    max_keys = order_key(maxes, SHIFT)
+    key_min, key_max = tl.reduce((max_keys, max_keys), 0, min_max)
     # the K-th largest chunk maximum: no more than the K-th largest value (K chunks reach it)
-    floor, n_above = _kth_largest_key(max_keys, K, key_min, key_max.to(tl.int64) + 1)
-    keep, slot = _first_k(max_keys, K, floor, n_above)
+    floor, n_above = kth_largest_key(max_keys, K, key_min, key_max.to(tl.int64) + 1)
+    keep, slot = first_k(max_keys, K, floor, n_above)
     tl.store(scratch + slot, c, mask=keep & (c < n_chunks))
     tl.debug_barrier()
     s = tl.arange(0, K_PAD)
@@ -144,9 +144,9 @@ def _top_k_sample_kernel(Logits, Maxes, Scratch, Seed, SeedCounter, Out, cols, n
     x = tl.load(Logits + row * stride_row + col, mask=ok, other=float("-inf")).to(tl.float32)
     flat_x = tl.reshape(x, [K_PAD * CHUNK])
     flat_col = tl.reshape(col, [K_PAD * CHUNK])
-    keys = tl.where(tl.reshape(ok, [K_PAD * CHUNK]), _order_key(flat_x, SHIFT), -2147483647 - 1)
-    tau, n_above = _kth_largest_key(keys, K, floor, key_max.to(tl.int64) + 1)
-    top, slot = _first_k(keys, K, tau, n_above)
+    keys = tl.where(tl.reshape(ok, [K_PAD * CHUNK]), order_key(flat_x, SHIFT), -2147483647 - 1)
+    tau, n_above = kth_largest_key(keys, K, floor, key_max.to(tl.int64) + 1)
+    top, slot = first_k(keys, K, tau, n_above)
     # the Gumbel-max draw over the K winners, moved to the front of the scratch row
     tl.store(scratch + K_PAD + slot, flat_col, mask=top)
     tl.store(scratch + 2 * K_PAD + slot, flat_x.to(tl.int32, bitcast=True), mask=top)
@@ -163,12 +163,19 @@ def _top_k_sample_kernel(Logits, Maxes, Scratch, Seed, SeedCounter, Out, cols, n
     tl.store(Out + row, token.to(tl.int64))
 
 
-def supported(logits: torch.Tensor, k: int) -> bool:
+def supports(logits: torch.Tensor, k: int) -> Support:
     """Whether ``top_k_sample`` takes this call: a CUDA (or interpreted CPU) 2-D float tensor
     with unit column stride, 1 ≤ k ≤ MAX_K and k to MAX_CHUNKS chunks."""
-    return (runs_triton(logits.device) and logits.dim() == 2 and logits.dtype in DTYPES
-            and logits.stride(-1) == 1 and 1 <= k <= MAX_K
-            and k <= triton.cdiv(logits.shape[1], CHUNK) <= MAX_CHUNKS)
+    device = triton_supports(logits.device)
+    if not device:
+        return device
+    if logits.dim() != 2 or logits.dtype not in DTYPES or logits.stride(-1) != 1:
+        return Support(f"takes 2-D {DTYPES} logits with unit column stride, got "
+                       f"{logits.dtype} {tuple(logits.shape)} strides {logits.stride()}")
+    if not (1 <= k <= MAX_K and k <= triton.cdiv(logits.shape[1], CHUNK) <= MAX_CHUNKS):
+        return Support(f"takes 1 ≤ k ≤ {MAX_K}, k to {MAX_CHUNKS} chunks of {CHUNK} columns, got "
+                       f"k={k} over {logits.shape[1]} columns")
+    return SUPPORTED
 
 
 def top_k_sample(logits: torch.Tensor, k: int, temperature: float,
@@ -181,7 +188,7 @@ def top_k_sample(logits: torch.Tensor, k: int, temperature: float,
     ``seed``: (base, counter), one-element int64 tensors on the logits' device whose sum seeds
     the draw — a caller that advances ``counter`` between calls (a decode loop's step) saves
     the ``torch.randint`` launch of each call; without it each call draws a seed."""
-    if not supported(logits, k):
+    if not supports(logits, k):
         raise ValueError(f"top_k_sample: needs a CUDA 2-D {DTYPES} tensor with unit column "
                          f"stride, 1 ≤ k ≤ min({MAX_K}, chunks) and at most {MAX_CHUNKS} chunks "
                          f"of {CHUNK}; got {logits.dtype} "
@@ -210,7 +217,7 @@ def top_k_sample(logits: torch.Tensor, k: int, temperature: float,
         _chunk_max_kernel[(rows, triton.cdiv(n_chunks, CHUNKS_PER_PROGRAM))](
             logits, maxes, cols, n_chunks, logits.stride(0), CHUNK=CHUNK,
             PER_PROGRAM=CHUNKS_PER_PROGRAM, num_warps=4)
-    pdl = _has_pdl(logits.device)
+    pdl = has_pdl(logits.device)
     _top_k_sample_kernel[(rows,)](
         logits, maxes, scratch, base, base if counter is None else counter, out, cols,
         n_chunks, logits.stride(0), 1.0 / temperature, K=k, K_PAD=k_pad, CHUNK=CHUNK,

@@ -3,7 +3,7 @@ the PV GEMM of block n-1 is still in flight.
 
 FA3 counterpart: ``hopper/mainloop_fwd_sm90_tma_gmma_ws.hpp`` ``mma()`` with IntraWGOverlap
 (``fwd_step``) and ``hopper/utils.h`` ``flash::gemm`` / ``warpgroup_wait``. Roles, barriers,
-register budgets, shared memory, producer and epilogue: ``kernels/coop.py`` (shared, not copied);
+register budgets, shared memory, producer and epilogue: ``kernels/fwd/coop.py`` (shared, not copied);
 only the consumer's KV loop differs. Per KV block n ≥ 1 of a warpgroup:
 
   wait K_n → [pingpong sync] → issue S_n = Q K_nᵀ (SS) → wait V_{n-1} → issue O += P_{n-1} V_{n-1}
@@ -32,15 +32,15 @@ runs as a CTA pair that multicasts K/V, ``coop.cluster_for``).
 Shared memory: coop's plus the two anchors (4 KB): D 128 164 KB, persistent 196 KB.
 """
 import functools
-from types import SimpleNamespace
 
 import tilelang.language as T
 
-from ws_lab.kernels import coop
-from ws_lab.kernels.coop import CONSUMER_THREADS, HALF, PASS_CONFIGS  # noqa: F401  (emit reads PASS_CONFIGS)
-from ws_lab.kernels.softmax import (add_partial_sums, alloc_partial_sums, commit_probs,
-                             first_masked_block, rescale_partial_sums, score_mask, softmax_probs,
-                             softmax_stats)
+from ws_lab.kernels.fwd import coop
+from ws_lab.kernels.fwd.coop import (CONSUMER_THREADS, HALF, PASS_CONFIGS,  # noqa: F401  (emit reads PASS_CONFIGS)
+                                     KVStages)
+from ws_lab.kernels.fwd.softmax import (SoftmaxState, add_partial_sums, alloc_partial_sums,
+                                        commit_probs, first_masked_block, rescale_partial_sums,
+                                        score_mask, softmax_probs, softmax_stats)
 from ws_lab.postproc import drop_anchor_fences
 from ws_lab.shapes import Shape
 
@@ -71,8 +71,9 @@ POSTPROC_PASSES = (drop_anchor_fences,)  # what the family compiles under (ws_la
 @functools.lru_cache(maxsize=None)
 def _mainloop_factory(deferred_sums: bool, split_mask: bool, anchor_probs: bool,
                       clear_first_pv: bool):
-    def factory(t):
+    def factory(t: coop.MainloopContext) -> coop.Mainloop:
         unchecked_mask = score_mask(t.causal, t.seq_len, HALF, t.bn, checked=False)
+        ring = t.ring
 
         def first_pv(block):
             """wgmma's scale-d off (O = P V) for the PV of the tile's block 0 (a run-time
@@ -80,139 +81,131 @@ def _mainloop_factory(deferred_sums: bool, split_mask: bool, anchor_probs: bool,
             return block == 0 if clear_first_pv else False
 
         @T.macro
-        def row_stats(acc_s, row_max, row_max_prev, row_rescale, block_sum, row_sum, part_sum):
+        def row_stats(st: SoftmaxState, part_sum):
             if deferred_sums:
-                softmax_probs(acc_s, row_max, row_max_prev, row_rescale, HALF, t.bn, t.scale_log2)
-                rescale_partial_sums(part_sum, row_rescale, HALF)
-                add_partial_sums(acc_s, part_sum, HALF, t.bn)
+                softmax_probs(st.acc_s, st.row_max, st.row_max_prev, st.row_rescale, HALF, t.bn,
+                              t.scale_log2)
+                rescale_partial_sums(part_sum, st.row_rescale, HALF)
+                add_partial_sums(st.acc_s, part_sum, HALF, t.bn)
             else:
-                softmax_stats(acc_s, row_max, row_max_prev, row_rescale, block_sum, row_sum,
-                              HALF, t.bn, t.scale_log2)
+                softmax_stats(st.acc_s, st.row_max, st.row_max_prev, st.row_rescale,
+                              st.block_sum, st.row_sum, HALF, t.bn, t.scale_log2)
 
         @T.macro
-        def step(wg, kb, row0, mask, q_s, k_s, v_s, k_full, k_empty, v_full, v_empty, acc_s, p,
-                 acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum, part_sum, slot,
-                 it0, wait_anchor):
+        def step(wg, kb, row0, mask, q_s, kv: KVStages, st: SoftmaxState, part_sum, slot, it0,
+                 wait_anchor):
             """Block kb ≥ 1: S_kb and PV_{kb-1} in flight together, S_kb's stats under PV."""
-            stage = (it0 + kb) % t.stages
-            prev = (it0 + kb - 1) % t.stages
-            t.issue_qk(wg, q_s, slot, k_s, k_full, stage, ((it0 + kb) // t.stages) % 2, acc_s)
-            T.mbarrier_wait_parity(v_full[prev], ((it0 + kb - 1) // t.stages) % 2)
-            T.wgmma_gemm(p, v_s[prev, :, :], acc_o, clear_accum=first_pv(kb - 1))
+            stage = ring.stage(it0 + kb)
+            prev = ring.stage(it0 + kb - 1)
+            t.issue_qk(wg, q_s, slot, kv, stage, ring.phase(it0 + kb), st.acc_s)
+            T.mbarrier_wait_parity(kv.v_full[prev], ring.phase(it0 + kb - 1))
+            T.wgmma_gemm(st.p, kv.v_s[prev, :, :], st.acc_o, clear_accum=first_pv(kb - 1))
             if t.pingpong:
                 T.named_barrier_arrive(t.schedulers[1 - wg], CONSUMER_THREADS)
             T.wait_wgmma(1)
-            T.warpgroup_fence_operand(acc_s, num_regs=t.s_regs)
-            t.release(k_empty, stage)
+            T.warpgroup_fence_operand(st.acc_s, num_regs=t.s_regs)
+            t.release(kv.k_empty, stage)
             if mask is not None:
-                mask(acc_s, kb, row0)
-            row_stats(acc_s, row_max, row_max_prev, row_rescale, block_sum, row_sum, part_sum)
+                mask(st.acc_s, kb, row0)
+            row_stats(st, part_sum)
             if anchor_probs:  # the store keeps the row max and 4 exp2s above the PV wait
                 for i, j in T.Parallel(HALF, ANCHOR_COLS):
-                    wait_anchor[i, j] = acc_s[i, j]
+                    wait_anchor[i, j] = st.acc_s[i, j]
             T.wait_wgmma(0)
-            T.warpgroup_fence_operand(acc_o, num_regs=t.o_regs)
-            T.warpgroup_fence_operand(p, num_regs=t.p_regs)
-            t.release(v_empty, prev)
-            commit_probs(acc_s, p, acc_o, row_rescale, HALF, t.head_dim_v)
+            T.warpgroup_fence_operand(st.acc_o, num_regs=t.o_regs)
+            T.warpgroup_fence_operand(st.p, num_regs=t.p_regs)
+            t.release(kv.v_empty, prev)
+            commit_probs(st.acc_s, st.p, st.acc_o, st.row_rescale, HALF, t.head_dim_v)
 
         @T.macro
-        def first_qk(wg, q_s, slot, k_s, k_full, acc_s, it0):
+        def first_qk(wg, q_s, slot, kv: KVStages, acc_s, it0):
             """Issue S_0 of a tile in this warpgroup's turn (no wait)."""
-            stage0 = it0 % t.stages  # it0: blocks the CTA streamed for earlier tiles (persistent)
-            t.issue_qk(wg, q_s, slot, k_s, k_full, stage0, (it0 // t.stages) % 2, acc_s)
+            stage0 = ring.stage(it0)  # it0: blocks the CTA streamed for earlier tiles (persistent)
+            t.issue_qk(wg, q_s, slot, kv, stage0, ring.phase(it0), acc_s)
             if t.pingpong:
                 T.named_barrier_arrive(t.schedulers[1 - wg], CONSUMER_THREADS)
 
         @T.macro
-        def blocks(wg, row0, q_s, k_s, v_s, k_full, k_empty, v_full, v_empty, loop_range, acc_s,
-                   p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum, part_sum,
-                   slot, it0):
+        def blocks(wg, row0, q_s, kv: KVStages, loop_range, st: SoftmaxState, part_sum, slot,
+                   it0):
             """S_0 in flight → its softmax, then blocks 1 … n-1 with S_kb beside PV_{kb-1};
             the last PV is left to ``drain`` / ``drain_into_next``."""
-            stage0 = it0 % t.stages
+            stage0 = ring.stage(it0)
             T.wait_wgmma(0)
-            T.warpgroup_fence_operand(acc_s, num_regs=t.s_regs)
-            t.release(k_empty, stage0)
-            t.mask(acc_s, 0, row0)
+            T.warpgroup_fence_operand(st.acc_s, num_regs=t.s_regs)
+            t.release(kv.k_empty, stage0)
+            t.mask(st.acc_s, 0, row0)
             if deferred_sums:
                 T.fill(part_sum, 0)  # row_max is -inf: the rescale below multiplies zeros
-            row_stats(acc_s, row_max, row_max_prev, row_rescale, block_sum, row_sum, part_sum)
+            row_stats(st, part_sum)
             if clear_first_pv:
-                T.copy(acc_s, p)  # O holds nothing yet: P_0's PV overwrites it
+                T.copy(st.acc_s, st.p)  # O holds nothing yet: P_0's PV overwrites it
             else:
-                commit_probs(acc_s, p, acc_o, row_rescale, HALF, t.head_dim_v)
+                commit_probs(st.acc_s, st.p, st.acc_o, st.row_rescale, HALF, t.head_dim_v)
             wait_anchor = T.alloc_shared([HALF, ANCHOR_COLS], "float") if anchor_probs else None
             if split_mask:
                 unmasked = first_masked_block(t.causal, t.seq_len, t.bn, row0, loop_range)
                 for kb in T.serial(1, unmasked):
-                    step(wg, kb, row0, None, q_s, k_s, v_s, k_full, k_empty, v_full, v_empty,
-                         acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum,
-                         part_sum, slot, it0, wait_anchor)
+                    step(wg, kb, row0, None, q_s, kv, st, part_sum, slot, it0, wait_anchor)
                 for kb in T.serial(unmasked, loop_range):
-                    step(wg, kb, row0, unchecked_mask, q_s, k_s, v_s, k_full, k_empty, v_full,
-                         v_empty, acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum,
-                         row_sum, part_sum, slot, it0, wait_anchor)
+                    step(wg, kb, row0, unchecked_mask, q_s, kv, st, part_sum, slot, it0,
+                         wait_anchor)
             else:
                 for kb in T.serial(1, loop_range):
-                    step(wg, kb, row0, t.mask, q_s, k_s, v_s, k_full, k_empty, v_full, v_empty,
-                         acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum,
-                         part_sum, slot, it0, wait_anchor)
+                    step(wg, kb, row0, t.mask, q_s, kv, st, part_sum, slot, it0, wait_anchor)
 
         @T.macro
-        def drain(v_s, v_full, v_empty, loop_range, p, acc_o, row_sum, part_sum, it0):
+        def drain(kv: KVStages, loop_range, st: SoftmaxState, part_sum, it0):
             """The tile's last PV, alone: issue, finish the row sums under it, wait."""
-            last = (it0 + loop_range - 1) % t.stages
-            T.mbarrier_wait_parity(v_full[last], ((it0 + loop_range - 1) // t.stages) % 2)
-            T.wgmma_gemm(p, v_s[last, :, :], acc_o, clear_accum=first_pv(loop_range - 1))
+            last = ring.stage(it0 + loop_range - 1)
+            T.mbarrier_wait_parity(kv.v_full[last], ring.phase(it0 + loop_range - 1))
+            T.wgmma_gemm(st.p, kv.v_s[last, :, :], st.acc_o,
+                         clear_accum=first_pv(loop_range - 1))
             if deferred_sums:
-                T.reduce_sum(part_sum, row_sum, dim=1)  # under the last PV GEMM
+                T.reduce_sum(part_sum, st.row_sum, dim=1)  # under the last PV GEMM
             T.wait_wgmma(0)
-            T.warpgroup_fence_operand(acc_o, num_regs=t.o_regs)
-            t.release(v_empty, last)
+            T.warpgroup_fence_operand(st.acc_o, num_regs=t.o_regs)
+            t.release(kv.v_empty, last)
 
         @T.macro
-        def drain_into_next(wg, q_s, k_s, v_s, q_full, k_full, v_full, v_empty, loop_range,
-                            acc_s, p, acc_o, row_sum, part_sum, it0, has_next, next_slot,
-                            next_use):
+        def drain_into_next(wg, q_s, q_full, kv: KVStages, loop_range, st: SoftmaxState,
+                            part_sum, it0, has_next, next_slot, next_use):
             """Persistent: the tile's last PV and the next tile's S_0 in one issue turn, then
             wait<1> (PV retired): the epilogue that follows runs beside S_0. After the CTA's
             last tile S_0 is a throwaway product of the stale next slot and stage (no loads
             are pending then), so every entry to the tile loop has one QK in flight; the
             kernel waits for it before exit."""
-            last = (it0 + loop_range - 1) % t.stages
+            last = ring.stage(it0 + loop_range - 1)
             nxt = it0 + loop_range
-            T.mbarrier_wait_parity(v_full[last], ((it0 + loop_range - 1) // t.stages) % 2)
+            T.mbarrier_wait_parity(kv.v_full[last], ring.phase(it0 + loop_range - 1))
             if t.pingpong:
                 T.sync_threads(t.schedulers[wg], CONSUMER_THREADS)
-            T.wgmma_gemm(p, v_s[last, :, :], acc_o, clear_accum=first_pv(loop_range - 1))
+            T.wgmma_gemm(st.p, kv.v_s[last, :, :], st.acc_o,
+                         clear_accum=first_pv(loop_range - 1))
             if has_next:
                 T.mbarrier_wait_parity(q_full[next_slot], next_use % 2)
-                T.mbarrier_wait_parity(k_full[nxt % t.stages], (nxt // t.stages) % 2)
-            T.wgmma_gemm(q_s[next_slot, wg, :, :], k_s[nxt % t.stages, :, :], acc_s,
+                T.mbarrier_wait_parity(kv.k_full[ring.stage(nxt)], ring.phase(nxt))
+            T.wgmma_gemm(q_s[next_slot, wg, :, :], kv.k_s[ring.stage(nxt), :, :], st.acc_s,
                          transpose_B=True, clear_accum=True)
             if t.pingpong:
                 T.named_barrier_arrive(t.schedulers[1 - wg], CONSUMER_THREADS)
             if deferred_sums:
-                T.reduce_sum(part_sum, row_sum, dim=1)  # under the two GEMMs
+                T.reduce_sum(part_sum, st.row_sum, dim=1)  # under the two GEMMs
             T.wait_wgmma(1)
-            T.warpgroup_fence_operand(acc_o, num_regs=t.o_regs)
-            t.release(v_empty, last)
+            T.warpgroup_fence_operand(st.acc_o, num_regs=t.o_regs)
+            t.release(kv.v_empty, last)
 
         @T.macro
-        def tile(wg, row0, q_s, k_s, v_s, k_full, k_empty, v_full, v_empty, loop_range, acc_s,
-                 p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum, slot, it0):
+        def tile(wg, row0, q_s, kv: KVStages, loop_range, st: SoftmaxState, slot, it0):
             """One tile on its own: S_0, the blocks, the last PV drained."""
             part_sum = alloc_partial_sums(HALF, t.bn) if deferred_sums else None
-            first_qk(wg, q_s, slot, k_s, k_full, acc_s, it0)
-            blocks(wg, row0, q_s, k_s, v_s, k_full, k_empty, v_full, v_empty, loop_range, acc_s,
-                   p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum, part_sum,
-                   slot, it0)
-            drain(v_s, v_full, v_empty, loop_range, p, acc_o, row_sum, part_sum, it0)
+            first_qk(wg, q_s, slot, kv, st.acc_s, it0)
+            blocks(wg, row0, q_s, kv, loop_range, st, part_sum, slot, it0)
+            drain(kv, loop_range, st, part_sum, it0)
 
-        return SimpleNamespace(
-            tile=tile, first_qk=first_qk, blocks=blocks, drain_into_next=drain_into_next,
-            fills_o=not clear_first_pv,
+        return coop.Mainloop(
+            tile=tile, fills_o=not clear_first_pv, first_qk=first_qk, blocks=blocks,
+            drain_into_next=drain_into_next,
             alloc_row_sums=lambda: alloc_partial_sums(HALF, t.bn) if deferred_sums else None)
 
     factory.postproc_passes = POSTPROC_PASSES if anchor_probs else ()

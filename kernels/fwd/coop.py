@@ -16,7 +16,7 @@ registers) → wait → release V. Epilogue: O / l → its own half of the Q buf
 has retired) → fence.proxy.async → named barrier of its 128 threads → TMA store.
 
 The consumer's KV loop is a parameter of ``coop_fwd`` (``serial_mainloop`` here;
-``kernels/coop_overlap.py`` plugs in FA3's IntraWGOverlap loop and shares everything else).
+``kernels/fwd/coop_overlap.py`` plugs in FA3's IntraWGOverlap loop and shares everything else).
 
 Persistent (``Config.persistent``, FA3 ``StaticPersistentTileScheduler``; D 64/128): one CTA per
 SM walks one tile per round, numbered heaviest first, rounds zigzagging, in groups of 16 Q tiles
@@ -58,8 +58,7 @@ import functools
 import inspect
 import math
 from dataclasses import dataclass
-from enum import IntEnum
-from types import SimpleNamespace
+from typing import Callable
 
 import tilelang
 import tilelang.language as T
@@ -67,9 +66,15 @@ import torch
 from tilelang.layout import make_swizzled_layout
 
 from ws_lab import postproc
-from ws_lab.kernels import LOG2E, qtile_grid
-from ws_lab.kernels.softmax import alloc_softmax_state, normalize_o, online_softmax, score_mask
 from ws_lab.check import validate_attention_inputs
+from ws_lab.kernels import LOG2E
+from ws_lab.kernels.fwd.barriers import EPILOGUES, WARP_SCHEDULERS, NamedBarrier
+from ws_lab.kernels.fwd.pipeline import KVRing
+from ws_lab.kernels.fwd.softmax import (SoftmaxState, alloc_softmax_state, normalize_o,
+                                        online_softmax, score_mask)
+from ws_lab.kernels.fwd.tile_scheduler import (RANK_GROUP, PersistentScheduler, cluster_for,
+                                               kv_exceed_half_l2, persistent_device_args,
+                                               qtile_grid)
 from ws_lab.shapes import Shape
 from ws_lab.target import H100_L2_BYTES, H100_SMS, compile_sm90a
 
@@ -85,15 +90,6 @@ PASS_CONFIGS = {
 }
 
 
-class NamedBarrier(IntEnum):
-    """Hardware named barriers (id 0 is __syncthreads)."""
-    WARP_SCHEDULER_WG1 = 1  # WG1 may issue its QK GEMM (256 = 128 sync + 128 arrive)
-    WARP_SCHEDULER_WG2 = 2
-    EPILOGUE_WG1 = 3  # WG1's 128 threads have written their O tile
-    EPILOGUE_WG2 = 4
-    ROW_SUM = 5  # largehdv: WG1's final row sums are in smem for WG2 (128 arrive + 128 sync)
-
-
 @dataclass(frozen=True)
 class Config:
     block_n: int
@@ -102,11 +98,6 @@ class Config:
     heavy_first: bool = False
     persistent: bool = False  # one CTA per SM walking a static, heavy-first list of tiles
     cluster: int = 1  # persistent: 2 = CTA pairs on two Q heads of one KV head, K/V multicast
-
-
-# Persistent walk: when the call's K/V exceed half of L2, RANK_GROUP Q tiles of one head run on
-# neighbouring CTAs, so the ~132 resident tiles read the K/V of a few heads, not of all of them.
-RANK_GROUP = 16
 
 
 CONFIGS = {
@@ -125,20 +116,16 @@ def config_for(head_dim: int, causal: bool, pingpong: bool = True,
                   persistent=persistent, cluster=cluster)
 
 
-def kv_exceed_half_l2(batch, seq_len, kv_heads, head_dim, head_dim_v, l2_bytes) -> bool:
-    """The call's K and V (2-byte elements) do not fit in half of L2: the line above which the
-    persistent walk groups Q tiles by head and runs CTA pairs."""
-    return batch * kv_heads * seq_len * (head_dim + head_dim_v) * 2 > l2_bytes // 2
-
-
-def cluster_for(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, l2_bytes) -> int:
-    """CTAs per cluster of the persistent walk: 2 (two Q heads of one GQA group on a CTA pair,
-    each K/V block loaded once and multicast into both) when the group is even and the call's
-    K/V exceed half of L2; else 1. Measured against single CTAs (NOTES, session 11): +1 to +7 %
-    at 32–64 MB of K/V (±1 % on the full-mask 32 MB row), −1 % at 16 MB, where L2 holds them."""
-    group_even = (heads // kv_heads) % 2 == 0
-    big = kv_exceed_half_l2(batch, seq_len, kv_heads, head_dim, head_dim_v, l2_bytes)
-    return 2 if group_even and big else 1
+@dataclass(frozen=True)
+class KVStages:
+    """The K/V ring as a kernel allocated it: shared-memory stages and their mbarriers
+    (``barriers.py`` names their roles). Macros take it whole."""
+    k_s: object
+    v_s: object
+    k_full: object
+    k_empty: object
+    v_full: object
+    v_empty: object
 
 
 def kv_producer(bn: int, stages: int, v_parts: int = 1, cluster: int = 1):
@@ -148,26 +135,26 @@ def kv_producer(bn: int, stages: int, v_parts: int = 1, cluster: int = 1):
     ``cluster`` 2: the pair's rank-0 CTA multicasts each load into both CTAs (the stage's empty
     barrier then counts the peer's consumer warps too); the other CTA only expects the bytes."""
     mask = (1 << cluster) - 1 if cluster > 1 else None
+    ring = KVRing(stages)
 
     @T.macro
-    def produce(K, V, k_s, v_s, k_full, k_empty, v_full, v_empty, b, kv_head, loop_range, it0=0):
+    def produce(K, V, kv: KVStages, b, kv_head, loop_range, it0=0):
         for kb in T.serial(loop_range):
-            stage = (it0 + kb) % stages  # it0: blocks this CTA streamed for earlier tiles
-            phase = ((it0 + kb) // stages) % 2
-            T.mbarrier_wait_parity(k_empty[stage], phase ^ 1)
-            T.tma_copy(K[b, kb * bn:(kb + 1) * bn, kv_head, :], k_s[stage, :, :],
-                       barrier=k_full[stage], cluster_mask=mask)
-            T.mbarrier_arrive(k_full[stage])
-            T.mbarrier_wait_parity(v_empty[stage], phase ^ 1)
+            stage, phase = ring.at(it0 + kb)  # it0: blocks this CTA streamed for earlier tiles
+            T.mbarrier_wait_parity(kv.k_empty[stage], phase ^ 1)
+            T.tma_copy(K[b, kb * bn:(kb + 1) * bn, kv_head, :], kv.k_s[stage, :, :],
+                       barrier=kv.k_full[stage], cluster_mask=mask)
+            T.mbarrier_arrive(kv.k_full[stage])
+            T.mbarrier_wait_parity(kv.v_empty[stage], phase ^ 1)
             if v_parts == 1:
-                T.tma_copy(V[b, kb * bn:(kb + 1) * bn, kv_head, :], v_s[stage, :, :],
-                           barrier=v_full[stage], cluster_mask=mask)
+                T.tma_copy(V[b, kb * bn:(kb + 1) * bn, kv_head, :], kv.v_s[stage, :, :],
+                           barrier=kv.v_full[stage], cluster_mask=mask)
             else:
-                width = v_s.shape[-1]
+                width = kv.v_s.shape[-1]
                 for part in T.unroll(v_parts):
                     T.tma_copy(V[b, kb * bn:(kb + 1) * bn, kv_head, part * width:(part + 1) * width],
-                               v_s[stage, part, :, :], barrier=v_full[stage])
-            T.mbarrier_arrive(v_full[stage])
+                               kv.v_s[stage, part, :, :], barrier=kv.v_full[stage])
+            T.mbarrier_arrive(kv.v_full[stage])
 
     return produce
 
@@ -182,67 +169,97 @@ def store_o(acc_o, o_s, out, barrier_id):
     T.copy(o_s, out)
 
 
-def serial_mainloop(t):
+@dataclass(frozen=True)
+class MainloopContext:
+    """What ``coop_fwd`` hands a mainloop factory (FA3's mainloop ``Params``): the kernel's
+    trace-time constants and the macros every mainloop shares."""
+    bn: int
+    ring: KVRing
+    pingpong: bool
+    causal: bool
+    seq_len: int
+    s_regs: int  # fp32 registers a thread holds of a 64 × bn accumulator
+    o_regs: int
+    p_regs: int
+    head_dim_v: int
+    scale_log2: float
+    mask: Callable  # score_mask's macro: mask(acc_s, kb, row0)
+    issue_qk: Callable  # issue_qk(wg, q_s, slot, kv, stage, phase, acc_s)
+    release: Callable  # release(empty, stage)
+    schedulers: tuple = WARP_SCHEDULERS
+
+
+@dataclass(frozen=True)
+class Mainloop:
+    """A mainloop factory's answer (FA3's ``CollectiveMainloopFwd::mma``): ``tile(wg, row0,
+    q_s, kv, loop_range, st, slot, it0)`` runs one tile's KV loop. The persistent kernel also
+    needs the pieces that let a tile's last PV share an issue turn with the next tile's first QK
+    (``first_qk``, ``blocks``, ``drain_into_next``, ``alloc_row_sums``). ``fills_o``: whether
+    the consumer zero-fills O before a tile (False: the first PV overwrites it)."""
+    tile: Callable
+    fills_o: bool = True
+    first_qk: Callable | None = None
+    blocks: Callable | None = None
+    drain_into_next: Callable | None = None
+    alloc_row_sums: Callable | None = None
+
+    @property
+    def runs_persistent(self) -> bool:
+        return self.drain_into_next is not None
+
+
+def serial_mainloop(t: MainloopContext) -> Mainloop:
     """FA3's mainloop without IntraWGOverlap: per KV block, S = Q Kᵀ → wait → softmax → O += P V
-    → wait. ``t`` holds the kernel's trace-time constants and shared macros (``coop_fwd``).
-    A mainloop factory returns its macros: ``tile`` (one tile's KV loop) and, for the
-    persistent kernel, the pieces that let a tile's last PV share an issue turn with the next
-    tile's first QK (``kernels/coop_overlap.py``); ``fills_o`` says whether the consumer
-    zero-fills O before a tile (False: the mainloop's first PV overwrites it)."""
+    → wait. ``kernels/fwd/coop_overlap.py`` is the other factory."""
 
     @T.macro
-    def mainloop(wg, row0, q_s, k_s, v_s, k_full, k_empty, v_full, v_empty, loop_range,
-                 acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum, slot,
-                 it0):
+    def mainloop(wg, row0, q_s, kv: KVStages, loop_range, st: SoftmaxState, slot, it0):
         for kb in T.serial(loop_range):
-            stage = (it0 + kb) % t.stages
-            phase = ((it0 + kb) // t.stages) % 2
-            t.issue_qk(wg, q_s, slot, k_s, k_full, stage, phase, acc_s)
+            stage, phase = t.ring.at(it0 + kb)
+            t.issue_qk(wg, q_s, slot, kv, stage, phase, st.acc_s)
             if t.pingpong:
                 T.named_barrier_arrive(t.schedulers[1 - wg], CONSUMER_THREADS)
             T.wait_wgmma(0)
-            T.warpgroup_fence_operand(acc_s, num_regs=t.s_regs)
-            t.release(k_empty, stage)
+            T.warpgroup_fence_operand(st.acc_s, num_regs=t.s_regs)
+            t.release(kv.k_empty, stage)
 
-            t.mask(acc_s, kb, row0)
-            online_softmax(acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum,
-                           row_sum, HALF, t.bn, t.head_dim_v, t.scale_log2)
+            t.mask(st.acc_s, kb, row0)
+            online_softmax(st.acc_s, st.p, st.acc_o, st.row_max, st.row_max_prev,
+                           st.row_rescale, st.block_sum, st.row_sum, HALF, t.bn, t.head_dim_v,
+                           t.scale_log2)
 
-            T.mbarrier_wait_parity(v_full[stage], phase)
-            T.wgmma_gemm(p, v_s[stage, :, :], acc_o, clear_accum=False)
+            T.mbarrier_wait_parity(kv.v_full[stage], phase)
+            T.wgmma_gemm(st.p, kv.v_s[stage, :, :], st.acc_o, clear_accum=False)
             T.wait_wgmma(0)
-            T.warpgroup_fence_operand(acc_o, num_regs=t.o_regs)
-            t.release(v_empty, stage)
+            T.warpgroup_fence_operand(st.acc_o, num_regs=t.o_regs)
+            t.release(kv.v_empty, stage)
 
-    return SimpleNamespace(tile=mainloop, fills_o=True)
+    return Mainloop(tile=mainloop)
 
 
 def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtype, softmax_scale,
              cfg: Config, mainloop_factory=serial_mainloop, num_ctas=H100_SMS,
              l2_bytes=H100_L2_BYTES):
     """q (B,S,Hq,D), k (B,S,Hkv,D), v (B,S,Hkv,Dv) -> out (B,S,Hq,Dv). The producer, consumer
-    setup and epilogue are shared; ``mainloop_factory(t)`` gives the consumer's KV loop."""
+    setup and epilogue are shared; ``mainloop_factory(MainloopContext)`` gives the consumer's
+    KV loop."""
     bn, stages = cfg.block_n, cfg.num_stages
     group = heads // kv_heads
     scale_log2 = softmax_scale * LOG2E
     accum = "float"
     neg_inf = -T.infinity(accum)
-    s_regs = HALF * bn // 128  # fp32 registers per thread of a 64 × bn accumulator
-    o_regs = HALF * head_dim_v // 128
     n_qtiles = (seq_len + BLOCK_M - 1) // BLOCK_M
     n_kblocks = (seq_len + bn - 1) // bn
-    schedulers = (NamedBarrier.WARP_SCHEDULER_WG1, NamedBarrier.WARP_SCHEDULER_WG2)
-    epilogues = (NamedBarrier.EPILOGUE_WG1, NamedBarrier.EPILOGUE_WG2)
 
     mask = score_mask(causal, seq_len, HALF, bn, accum)
 
     @T.macro
-    def issue_qk(wg, q_s, slot, k_s, k_full, stage, phase, acc_s):
+    def issue_qk(wg, q_s, slot, kv: KVStages, stage, phase, acc_s):
         """Wait for K, take this warpgroup's pingpong turn, issue S = Q Kᵀ (no wait)."""
-        T.mbarrier_wait_parity(k_full[stage], phase)
+        T.mbarrier_wait_parity(kv.k_full[stage], phase)
         if cfg.pingpong:
-            T.sync_threads(schedulers[wg], CONSUMER_THREADS)
-        T.wgmma_gemm(q_s[slot, wg, :, :], k_s[stage, :, :], acc_s, transpose_B=True,
+            T.sync_threads(WARP_SCHEDULERS[wg], CONSUMER_THREADS)
+        T.wgmma_gemm(q_s[slot, wg, :, :], kv.k_s[stage, :, :], acc_s, transpose_B=True,
                      clear_accum=True)
 
     @T.macro
@@ -254,11 +271,10 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
             if T.get_thread_binding() % 32 == 0:
                 T.mbarrier_arrive(empty[stage], 1 - T.block_rank_in_cluster())
 
-    t = SimpleNamespace(bn=bn, stages=stages, pingpong=cfg.pingpong, schedulers=schedulers,
-                        causal=causal, seq_len=seq_len,
-                        s_regs=s_regs, o_regs=o_regs, p_regs=HALF * bn // 256,
-                        head_dim_v=head_dim_v, scale_log2=scale_log2, mask=mask,
-                        issue_qk=issue_qk, release=release)
+    t = MainloopContext(bn=bn, ring=KVRing(stages), pingpong=cfg.pingpong, causal=causal,
+                        seq_len=seq_len, s_regs=HALF * bn // 128, o_regs=HALF * head_dim_v // 128,
+                        p_regs=HALF * bn // 256, head_dim_v=head_dim_v, scale_log2=scale_log2,
+                        mask=mask, issue_qk=issue_qk, release=release)
     loop = mainloop_factory(t)
     if cfg.cluster not in (1, 2) or (cfg.cluster == 2 and not cfg.persistent):
         raise ValueError(f"cluster={cfg.cluster}: the persistent kernel runs CTA pairs (2) or "
@@ -266,45 +282,47 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
     if group % cfg.cluster:
         raise ValueError(f"cluster={cfg.cluster} pairs two Q heads of one KV head: the GQA group "
                          f"({heads} / {kv_heads} = {group}) must be even")
-    if cfg.persistent and not hasattr(loop, "drain_into_next"):
+    if cfg.persistent and not loop.runs_persistent:
         raise ValueError("the persistent kernel needs a mainloop whose last PV can share an issue "
                          "turn with the next tile's first QK (kernels.coop_overlap)")
     produce_kv = kv_producer(bn, stages, cluster=cfg.cluster)
 
     @T.macro
-    def epilogue(wg, acc_o, row_sum, inv_sum, q_s, slot, q_empty, out_tile):
+    def epilogue(wg, st: SoftmaxState, q_s, slot, q_empty, out_tile):
         """O / l → this warpgroup's half of the tile's Q slot (its last QK GEMM has retired)
         → TMA store; persistent: hand the slot back once the store has read it."""
-        normalize_o(acc_o, row_sum, inv_sum, HALF, head_dim_v)
-        store_o(acc_o, q_s[slot, wg, :, :], out_tile, epilogues[wg])
+        normalize_o(st.acc_o, st.row_sum, st.row_rescale, HALF, head_dim_v)
+        store_o(st.acc_o, q_s[slot, wg, :, :], out_tile, EPILOGUES[wg])
         if cfg.persistent:
             # the store's TMA has read the slot (its issuing thread waited): hand it back
-            T.sync_threads(epilogues[wg], 128)
+            T.sync_threads(EPILOGUES[wg], 128)
             T.mbarrier_arrive(q_empty[slot])
 
     @T.macro
-    def consumer(wg, Out, q_s, k_s, v_s, q_full, k_full, k_empty, v_full, v_empty, qt, head, b,
-                 loop_range):
+    def reset_rows(st: SoftmaxState):
+        """A tile's softmax starts from no rows seen (and, unless the mainloop's first PV
+        overwrites it, from O = 0)."""
+        if loop.fills_o:
+            T.fill(st.acc_o, 0)
+        T.fill(st.row_sum, 0)
+        T.fill(st.row_max, neg_inf)
+
+    @T.macro
+    def consumer(wg, Out, q_s, kv: KVStages, q_full, qt, head, b, loop_range):
         """One consumer warpgroup's tile (the non-persistent grid)."""
         row0 = qt * BLOCK_M + wg * HALF  # first query row of this warpgroup
-        acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum = \
-            alloc_softmax_state(HALF, bn, head_dim_v, dtype)
-        if loop.fills_o:
-            T.fill(acc_o, 0)
-        T.fill(row_sum, 0)
-        T.fill(row_max, neg_inf)
+        st = alloc_softmax_state(HALF, bn, head_dim_v, dtype)
+        reset_rows(st)
         T.mbarrier_wait_parity(q_full[0], 0)
         if cfg.pingpong and wg == 1:
             # WG1 goes first: WG2 pre-pays its arrival on WG1's scheduler barrier.
-            T.named_barrier_arrive(schedulers[0], CONSUMER_THREADS)
-        loop.tile(wg, row0, q_s, k_s, v_s, k_full, k_empty, v_full, v_empty, loop_range, acc_s,
-                  p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum, 0, 0)
-        epilogue(wg, acc_o, row_sum, row_rescale, q_s, 0, None,
-                 Out[b, row0:row0 + HALF, head, :])
+            T.named_barrier_arrive(WARP_SCHEDULERS[0], CONSUMER_THREADS)
+        loop.tile(wg, row0, q_s, kv, loop_range, st, 0, 0)
+        epilogue(wg, st, q_s, 0, None, Out[b, row0:row0 + HALF, head, :])
 
     @T.macro
-    def producer(Q, K, V, q_s, k_s, v_s, q_full, q_empty, k_full, k_empty, v_full, v_empty, qt,
-                 head, b, loop_range, slot=0, use=0, it0=0):
+    def producer(Q, K, V, q_s, kv: KVStages, q_full, q_empty, qt, head, b, loop_range, slot=0,
+                 use=0, it0=0):
         """The producer warp's tile: both Q halves into the tile's slot, then the KV stream."""
         if cfg.persistent:
             T.mbarrier_wait_parity(q_empty[slot], (use % 2) ^ 1)
@@ -312,8 +330,7 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
             T.tma_copy(Q[b, qt * BLOCK_M + wg * HALF:qt * BLOCK_M + (wg + 1) * HALF, head, :],
                        q_s[slot, wg, :, :], barrier=q_full[slot])
         T.mbarrier_arrive(q_full[slot])
-        produce_kv(K, V, k_s, v_s, k_full, k_empty, v_full, v_empty, b, head // group,
-                   loop_range, it0)
+        produce_kv(K, V, kv, b, head // group, loop_range, it0)
 
     def kv_blocks(qt):
         return T.min(n_kblocks, T.ceildiv((qt + 1) * BLOCK_M, bn)) if causal else n_kblocks
@@ -339,92 +356,53 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
                 v_full = T.alloc_barrier([PRODUCER_WARP] * stages)
                 k_empty = T.alloc_barrier([CONSUMER_THREADS] * stages)
                 v_empty = T.alloc_barrier([CONSUMER_THREADS] * stages)
+                kv = KVStages(k_s, v_s, k_full, k_empty, v_full, v_empty)
                 loop_range = kv_blocks(qt)
                 tx = T.get_thread_binding()
                 if tx >= CONSUMER_THREADS:
                     T.set_max_nreg(24, 0)
                     if tx < CONSUMER_THREADS + PRODUCER_WARP:
-                        producer(Q, K, V, q_s, k_s, v_s, q_full, None, k_full, k_empty, v_full,
-                                 v_empty, qt, head, b, loop_range)
+                        producer(Q, K, V, q_s, kv, q_full, None, qt, head, b, loop_range)
                 elif tx < 128:
                     T.set_max_nreg(240, 1)
-                    consumer(0, Out, q_s, k_s, v_s, q_full, k_full, k_empty, v_full, v_empty, qt,
-                             head, b, loop_range)
+                    consumer(0, Out, q_s, kv, q_full, qt, head, b, loop_range)
                 else:
                     T.set_max_nreg(240, 1)
-                    consumer(1, Out, q_s, k_s, v_s, q_full, k_full, k_empty, v_full, v_empty, qt,
-                             head, b, loop_range)
+                    consumer(1, Out, q_s, kv, q_full, qt, head, b, loop_range)
 
         return main
 
     def persistent_kernel(num_ctas):
-        """One CTA per SM (``num_ctas``) walks one tile per round, rounds alternating direction
-        (zigzag: CTA c takes tile c of even rounds and tile #CTAs-1-c of odd ones), tiles
-        numbered heaviest first when ``cfg.heavy_first``, heads fastest — or, when the K/V
-        exceed half of L2, in groups of RANK_GROUP Q tiles of one head. Without the zigzag CTA
-        0 took the heaviest tile of every causal round (measured: slower than the
-        non-persistent grid). Q is double-buffered (slot = tile parity), so the next tile's Q
-        loads while this tile's O is stored from the other slot."""
+        """One CTA per SM (``num_ctas``) walks the ``PersistentScheduler``'s tiles (heads
+        fastest, or RANK_GROUP Q tiles of one head when the K/V exceed half of L2). Q is
+        double-buffered (slot = tile parity), so the next tile's Q loads while this tile's O is
+        stored from the other slot."""
         lanes = cfg.cluster  # CTAs walking one list together (a cluster), on adjacent heads
-        num_tiles = n_qtiles * heads * batch
-        ctas = min(num_ctas, num_tiles) // lanes * lanes
-        walkers = ctas // lanes
-        rounds, partial = divmod(num_tiles // lanes, walkers)
         big = kv_exceed_half_l2(batch, seq_len, kv_heads, head_dim, head_dim_v, l2_bytes)
-        rank_group = RANK_GROUP if big else 1
-        head_groups = heads // lanes
-        head_batches = head_groups * batch
-
-        def walker_of(cta):
-            return cta // lanes if lanes > 1 else cta
-
-        def tiles_of(cta):
-            # the last, partial round runs from the low CTAs on even rounds, the high on odd
-            w = walker_of(cta)
-            in_partial = w < partial if rounds % 2 == 0 else walkers - 1 - w < partial
-            return rounds + T.cast(in_partial, "int32")
-
-        def tile_coords(i, cta):
-            w = walker_of(cta)
-            tile = i * walkers + T.if_then_else(i % 2 == 0, w, walkers - 1 - w)
-            rank, head_batch = tile_rank(tile, n_qtiles, head_batches, rank_group,
-                                         T.if_then_else)
-            qt = n_qtiles - 1 - rank if cfg.heavy_first else rank
-            head = head_batch % head_groups
-            if lanes > 1:
-                head = head * lanes + cta % lanes
-            return qt, head, head_batch // head_groups
+        sched = PersistentScheduler(n_qtiles, heads, batch, num_ctas, lanes,
+                                    RANK_GROUP if big else 1, cfg.heavy_first)
 
         @T.macro
-        def consumer_tiles(wg, Out, q_s, k_s, v_s, q_full, q_empty, k_full, k_empty, v_full,
-                           v_empty, cta, my_tiles):
+        def consumer_tiles(wg, Out, q_s, kv: KVStages, q_full, q_empty, cta, my_tiles):
             """One consumer warpgroup's tiles. Each tile's last PV shares an issue turn with
             the next tile's first QK (``loop.drain_into_next``), so the epilogue runs beside a
             GEMM; the state lives across tiles because that QK writes acc_s for the next."""
-            acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum = \
-                alloc_softmax_state(HALF, bn, head_dim_v, dtype)
+            st = alloc_softmax_state(HALF, bn, head_dim_v, dtype)
             part_sum = loop.alloc_row_sums()
             it0 = T.alloc_var("int32", init=0)  # KV blocks consumed for earlier tiles
             T.mbarrier_wait_parity(q_full[0], 0)
             if cfg.pingpong and wg == 1:
                 # WG1 goes first: WG2 pre-pays its arrival on WG1's scheduler barrier.
-                T.named_barrier_arrive(schedulers[0], CONSUMER_THREADS)
-            loop.first_qk(wg, q_s, 0, k_s, k_full, acc_s, 0)
+                T.named_barrier_arrive(WARP_SCHEDULERS[0], CONSUMER_THREADS)
+            loop.first_qk(wg, q_s, 0, kv, st.acc_s, 0)
             for i in T.serial(my_tiles):
-                qt, head, b = tile_coords(i, cta)
+                qt, head, b = sched.tile_coords(i, cta)
                 row0 = qt * BLOCK_M + wg * HALF
-                if loop.fills_o:
-                    T.fill(acc_o, 0)
-                T.fill(row_sum, 0)
-                T.fill(row_max, neg_inf)
-                loop.blocks(wg, row0, q_s, k_s, v_s, k_full, k_empty, v_full, v_empty,
-                            kv_blocks(qt), acc_s, p, acc_o, row_max, row_max_prev, row_rescale,
-                            block_sum, row_sum, part_sum, i % 2, it0)
-                loop.drain_into_next(wg, q_s, k_s, v_s, q_full, k_full, v_full, v_empty,
-                                     kv_blocks(qt), acc_s, p, acc_o, row_sum, part_sum, it0,
+                reset_rows(st)
+                loop.blocks(wg, row0, q_s, kv, kv_blocks(qt), st, part_sum, i % 2, it0)
+                loop.drain_into_next(wg, q_s, q_full, kv, kv_blocks(qt), st, part_sum, it0,
                                      i + 1 < my_tiles, (i + 1) % 2, (i + 1) // 2)
-                epilogue(wg, acc_o, row_sum, row_rescale, q_s, i % 2, q_empty,
-                         Out[b, row0:row0 + HALF, head, :])
+                epilogue(wg, st, q_s, i % 2, q_empty, Out[b, row0:row0 + HALF, head, :])
                 it0 += kv_blocks(qt)
             T.wait_wgmma(0)  # the throwaway QK after the last tile
 
@@ -443,7 +421,7 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
             Out: T.Tensor([batch, seq_len, heads, head_dim_v], dtype),
         ):
             cluster = {"cluster_dims": lanes} if lanes > 1 else {}
-            with T.Kernel(ctas, threads=CONSUMER_THREADS + 128, **cluster) as cta:
+            with T.Kernel(sched.ctas, threads=CONSUMER_THREADS + 128, **cluster) as cta:
                 q_s = T.alloc_shared([2, 2, HALF, head_dim], dtype)
                 k_s = T.alloc_shared([stages, bn, head_dim], dtype)
                 v_s = T.alloc_shared([stages, bn, head_dim_v], dtype)
@@ -455,26 +433,24 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
                 k_full = T.alloc_barrier([PRODUCER_WARP] * stages)
                 v_full = T.alloc_barrier([PRODUCER_WARP] * stages)
                 k_empty, v_empty = alloc_kv_empty()
-                my_tiles = tiles_of(cta)
+                kv = KVStages(k_s, v_s, k_full, k_empty, v_full, v_empty)
+                my_tiles = sched.tiles_of(cta)
                 tx = T.get_thread_binding()
                 if tx >= CONSUMER_THREADS:
                     T.set_max_nreg(24, 0)
                     if tx < CONSUMER_THREADS + PRODUCER_WARP:
                         it0 = T.alloc_var("int32", init=0)
                         for i in T.serial(my_tiles):
-                            qt, head, b = tile_coords(i, cta)
-                            producer(Q, K, V, q_s, k_s, v_s, q_full, q_empty, k_full, k_empty,
-                                     v_full, v_empty, qt, head, b, kv_blocks(qt), i % 2,
-                                     i // 2, it0)
+                            qt, head, b = sched.tile_coords(i, cta)
+                            producer(Q, K, V, q_s, kv, q_full, q_empty, qt, head, b,
+                                     kv_blocks(qt), i % 2, i // 2, it0)
                             it0 += kv_blocks(qt)
                 elif tx < 128:
                     T.set_max_nreg(240, 1)
-                    consumer_tiles(0, Out, q_s, k_s, v_s, q_full, q_empty, k_full, k_empty,
-                                   v_full, v_empty, cta, my_tiles)
+                    consumer_tiles(0, Out, q_s, kv, q_full, q_empty, cta, my_tiles)
                 else:
                     T.set_max_nreg(240, 1)
-                    consumer_tiles(1, Out, q_s, k_s, v_s, q_full, q_empty, k_full, k_empty,
-                                   v_full, v_empty, cta, my_tiles)
+                    consumer_tiles(1, Out, q_s, kv, q_full, q_empty, cta, my_tiles)
                 if lanes > 1:
                     T.cluster_sync()  # no CTA exits while its peer may still signal or load into it
 
@@ -499,27 +475,6 @@ def prim_func_for(shape: Shape, pingpong: bool = True, mainloop_factory=serial_m
                     shape.head_dim_v, shape.causal, shape.dtype, 1.0 / math.sqrt(shape.head_dim),
                     config_for(shape.head_dim, shape.causal, pingpong, persistent, cluster or 1),
                     mainloop_factory)
-
-
-def tile_rank(tile, n_qtiles, head_batches, rank_group, select):
-    """A persistent walk's tile number -> (rank: 0 = the heaviest Q tile, head + heads·batch).
-    Heads fastest, or — rank_group > 1 — full groups of rank_group ranks run one head's ranks
-    on consecutive tiles and the ranks past the last full group go heads first. ``select`` is
-    ``T.if_then_else`` in the kernel (a Python conditional in tests)."""
-    if rank_group == 1:
-        return tile // head_batches, tile % head_batches
-    per_group = rank_group * head_batches
-    grouped = n_qtiles // rank_group * per_group  # tiles in full groups
-    rest = tile - grouped
-    return (select(tile < grouped, tile // per_group * rank_group + tile % rank_group,
-                   n_qtiles // rank_group * rank_group + rest // head_batches),
-            select(tile < grouped, tile % per_group // rank_group, rest % head_batches))
-
-
-def persistent_device_args(device) -> tuple[int, int]:
-    """(SMs, L2 bytes) of the device: the persistent walk's CTA count and rank grouping."""
-    props = torch.cuda.get_device_properties(device)
-    return props.multi_processor_count, props.L2_cache_size
 
 
 @functools.lru_cache(maxsize=None)

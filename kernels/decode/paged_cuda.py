@@ -1,5 +1,5 @@
 """Paged decode attention in hand-written CUDA (``paged_cuda.cu``): ``paged.paged_attention``'s
-``mode="cuda"``.
+``backend="cuda"``.
 
 Why it exists: on the big rows of ``bench/paged.py`` (B·Hkv ≥ 256, or 32k-token contexts) the
 Triton kernels stream K/V 2–5 % slower than SDPA reads its contiguous copy, and no Triton
@@ -13,7 +13,7 @@ device's architecture on first use and cached under ``$WS_LAB_CACHE`` (default
 ``~/.cache/ws_lab``), keyed by the source's hash; the cubin is launched through the CUDA driver
 API (ctypes), on the current torch stream, so it is captured by CUDA graphs like any kernel.
 
-``paged.auto_mode`` picks it where ``supports`` holds and the Triton rule would pick gqa (on
+``paged.plan`` (backend "auto") picks it where ``supports`` holds and the Triton rule would pick gqa (on
 the 13 sweep shapes that go to gqa it was 0.960–1.015 × the best Triton mode, notes/triton.md,
 Session 23, run 153), or split_k on ≥ 200 MiB of K/V or B·Hkv ≥ 3/4 of the SMs (0.87–1.001 ×
 split_k there, Session 24, runs 156 and 158).
@@ -32,8 +32,9 @@ from pathlib import Path
 
 import torch
 
+from ws_lab.check import Support
 from ws_lab.kernels import LOG2E
-from ws_lab.kernels.cubin import CudaSource
+from ws_lab.kernels.decode.cubin import CudaSource
 
 SOURCE = CudaSource(Path(__file__).with_suffix(".cu"))
 HEAD_DIM = 128
@@ -110,57 +111,49 @@ def plan(batch, kv_heads, max_blocks, sm_count) -> tuple[CudaConfig, int, int]:
     return cfg, math.ceil(max_blocks / per_seg), per_seg
 
 
-def validate(q, k_cache, v_cache) -> None:
-    """What this kernel adds to ``paged._validate``'s checks (which run first): ValueError /
-    TypeError naming the problem, before any launch. The device comes last, so every other
-    refusal is testable on CPU tensors."""
+def supports(q, k_cache, v_cache) -> Support:
+    """Whether this kernel runs these inputs (already through ``paged._validate``'s checks):
+    its scope, then the device, then whether it can be built (nvcc on PATH, or its cubin
+    cached). The reason names what is outside; ``backend='cuda'`` raises it."""
     if q.dtype not in DTYPE_NAMES:
-        raise TypeError(f"mode='cuda' takes float16 or bfloat16, got {q.dtype}")
+        return Support(f"takes float16 or bfloat16, got {q.dtype}", TypeError)
     _, block_size, kv_heads, head_dim = k_cache.shape
     if head_dim != HEAD_DIM:
-        raise ValueError(f"mode='cuda' supports head dim {HEAD_DIM} only, got {head_dim}")
+        return Support(f"supports head dim {HEAD_DIM} only, got {head_dim}")
     if block_size != BLOCK_SIZE:
-        raise ValueError(f"mode='cuda' supports block_size {BLOCK_SIZE} only, got {block_size}")
+        return Support(f"supports block_size {BLOCK_SIZE} only, got {block_size}")
     group = q.shape[1] // kv_heads
     if group > MAX_GROUP:
-        raise ValueError(f"mode='cuda' takes query groups of at most {MAX_GROUP} heads (one mma "
-                         f"tile), got Hq/Hkv = {group}")
+        return Support(f"takes query groups of at most {MAX_GROUP} heads (one mma tile), got "
+                       f"Hq/Hkv = {group}")
     if q.shape[0] > 65535 or kv_heads > 65535:
-        raise ValueError(f"mode='cuda' grids hold at most 65535 sequences and KV heads, got "
-                         f"B={q.shape[0]}, Hkv={kv_heads}")
+        return Support(f"grids hold at most 65535 sequences and KV heads, got B={q.shape[0]}, "
+                       f"Hkv={kv_heads}")
     # Q is read as 4-byte pairs, K/V rows as 16-byte chunks.
     if q.stride(1) % 2 or q.stride(0) % 2 or q.data_ptr() % 4:
-        raise ValueError(f"mode='cuda' needs q 4-byte aligned with even strides, got strides "
-                         f"{q.stride()}")
+        return Support(f"needs q 4-byte aligned with even strides, got strides {q.stride()}")
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if t.data_ptr() % 16:
-            raise ValueError(f"mode='cuda' needs {name} 16-byte aligned")
+            return Support(f"needs {name} 16-byte aligned")
     if q.device.type != "cuda":
-        raise ValueError(f"mode='cuda' needs CUDA tensors, got {q.device.type} tensors (the "
-                         "interpreter runs the Triton modes only)")
+        return Support(f"needs CUDA tensors, got {q.device.type} tensors (the interpreter runs "
+                       "the Triton modes only)")
     capability = torch.cuda.get_device_capability(q.device)
     if capability < MIN_CAPABILITY:
-        raise ValueError(f"mode='cuda' needs compute capability >= 8.0 (cp.async, mma.sync), "
-                         f"{q.device} has {capability[0]}.{capability[1]}")
+        return Support(f"needs compute capability >= 8.0 (cp.async, mma.sync), {q.device} has "
+                       f"{capability[0]}.{capability[1]}")
+    return SOURCE.supports(capability)
 
 
-def supports(q, k_cache, v_cache) -> bool:
-    """Whether ``validate`` accepts these inputs and the kernel can be built (nvcc on PATH, or
-    its cubin already cached): what ``paged.auto_mode`` asks before it picks this kernel."""
-    try:
-        validate(q, k_cache, v_cache)
-    except (TypeError, ValueError):
-        return False
-    return SOURCE.buildable(torch.cuda.get_device_capability(q.device))
-
-
-def paged_attention(q, k_cache, v_cache, block_table, context_lens, out, scale) -> torch.Tensor:
-    """Launches on validated inputs (``paged.paged_attention(mode="cuda")`` is the entry point)."""
+def paged_attention(q, k_cache, v_cache, block_table, context_lens, out, scale, cfg: CudaConfig,
+                    n_seg, per_seg) -> torch.Tensor:
+    """Launches the plan ``paged.plan`` made (``cfg``, ``n_seg`` segments of ``per_seg``
+    blocks) on validated inputs; ``paged.paged_attention(backend="cuda")`` is the entry point."""
     batch, heads, _ = q.shape
     max_blocks = block_table.shape[1]
     kv_heads = k_cache.shape[2]
     props = torch.cuda.get_device_properties(q.device)
-    cfg, n_seg, per_seg = plan(batch, kv_heads, max_blocks, props.multi_processor_count)
+    no_partials = (0, 0, 0)  # null pointers: one segment writes out directly, no merge
     if n_seg > 1:
         m_part = torch.empty(batch * heads * n_seg, dtype=torch.float32, device=q.device)
         l_part = torch.empty_like(m_part)
@@ -168,12 +161,12 @@ def paged_attention(q, k_cache, v_cache, block_table, context_lens, out, scale) 
                              device=q.device)
         parts = (m_part.data_ptr(), l_part.data_ptr(), o_part.data_ptr())
     else:
-        parts = (0, 0, 0)
-    params = _Params(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
-                     block_table.data_ptr(), context_lens.data_ptr(), out.data_ptr(), *parts,
-                     scale * LOG2E, heads // kv_heads, max_blocks, per_seg,
-                     q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
-                     block_table.stride(0), out.stride(0), out.stride(1))
+        parts = no_partials
+    params = Params(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+                    block_table.data_ptr(), context_lens.data_ptr(), out.data_ptr(), *parts,
+                    scale * LOG2E, heads // kv_heads, max_blocks, per_seg,
+                    q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
+                    block_table.stride(0), out.stride(0), out.stride(1))
     SOURCE.launch(q.device, cfg.kernel_name(q.dtype), (n_seg, kv_heads, batch),
                   cfg.num_warps * 32,
                   cfg.launch_smem(per_seg, getattr(props, "shared_memory_per_multiprocessor", 0)),
@@ -188,7 +181,7 @@ def paged_attention(q, k_cache, v_cache, block_table, context_lens, out, scale) 
     return out
 
 
-class _Params(ctypes.Structure):
+class Params(ctypes.Structure):
     """paged_cuda.cu's ``Params<T>``, field for field."""
     _fields_ = ([(n, ctypes.c_uint64) for n in ("q", "k_cache", "v_cache", "block_table",
                                                  "context_lens", "out", "m_part", "l_part",

@@ -8,7 +8,7 @@ the Qwen2.5-0.5B step at B 64 is ~1 ms (NOTES.md rollout, session 18).
 
 One program holds every row (B ≤ MAX_ROWS): the step counter is read once and advanced once.
 On sm_90 it launches with programmatic dependent launch and waits for the draw before its first
-load; the top-k sampler lets it launch as soon as the sampler's programs start (kernels/
+load; the top-k sampler lets it launch as soon as the sampler's programs start (kernels/step/
 sampling.py), so its launch is off the step's critical path: with the sampler's rework −7.9 µs
 a Qwen2.5-0.5B decode step (NOTES.md rollout, session 22).
 On a CPU tensor without the interpreter the same update runs as torch ops
@@ -19,8 +19,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
-from ws_lab.check import runs_triton
-from ws_lab.kernels.paged import _has_pdl
+from ws_lab.check import Support, triton_supports
+from ws_lab.kernels.decode.triton_common import has_pdl
 
 MAX_ROWS = 4096
 
@@ -48,8 +48,12 @@ def _advance_kernel(Drawn, Forced, Finished, Tokens, Positions, Out, Step, rows,
     tl.store(Step, step + 1)
 
 
-def supported(tokens: torch.Tensor) -> bool:
-    return runs_triton(tokens.device) and tokens.shape[0] <= MAX_ROWS
+def supports(tokens: torch.Tensor) -> Support:
+    """Whether ``advance`` runs here: Triton on the device, one program for every row."""
+    device = triton_supports(tokens.device)
+    if device and tokens.shape[0] > MAX_ROWS:
+        return Support(f"one program holds at most {MAX_ROWS} rows, got {tokens.shape[0]}")
+    return device
 
 
 def advance(drawn, forced, finished, tokens, positions, out, step, eos_id, move):
@@ -62,7 +66,7 @@ def advance(drawn, forced, finished, tokens, positions, out, step, eos_id, move)
         raise ValueError(f"advance: out needs unit column stride, step one element and at most "
                          f"{MAX_ROWS} rows; got strides {out.stride()}, step {tuple(step.shape)}, "
                          f"{rows} rows")
-    pdl = _has_pdl(tokens.device)
+    pdl = has_pdl(tokens.device)
     _advance_kernel[(1,)](drawn, drawn if forced is None else forced, finished, tokens,
                           positions, out, step, rows, out.stride(0),
                           0 if forced is None else forced.stride(0),

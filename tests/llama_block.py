@@ -4,14 +4,8 @@ projection), the model that proves ``torch.ops.ws_lab.triton_mha`` compiles with
 import torch
 from torch import nn
 
-from ws_lab.kernels.triton_mha import triton_mha
-
-
-def rotate(x, cos, sin):
-    """RoPE on (B, S, H, D) with the rotate-half convention."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+from ws_lab.kernels.fwd.triton_mha import triton_mha
+from ws_lab.rope import apply_rope
 
 
 class LlamaAttention(nn.Module):
@@ -30,6 +24,6 @@ class LlamaAttention(nn.Module):
         angles = torch.outer(torch.arange(seq, device=x.device, dtype=torch.float32), self.inv_freq)
         cos = torch.cat((angles.cos(), angles.cos()), dim=-1)[None, :, None, :].to(x.dtype)
         sin = torch.cat((angles.sin(), angles.sin()), dim=-1)[None, :, None, :].to(x.dtype)
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         attn = triton_mha(q, k, v.contiguous(), True, self.head_dim ** -0.5)
         return self.out(attn.reshape(batch, seq, -1))

@@ -1,0 +1,28 @@
+"""Every barrier id of the lab's warp-specialized kernels, in one place (FA3's
+``hopper/named_barrier.hpp``; FA-CuTe's ``flash_attn/cute/named_barrier.py``).
+
+Hardware named barriers (``bar.sync`` / ``bar.arrive``; id 0 is ``__syncthreads``) are the
+``NamedBarrier`` enum: a kernel takes the ids of its roles and no two roles of one kernel share
+an id. The mbarriers (shared-memory transaction barriers) are allocated per kernel; their roles
+are the same in every kernel and named here so docstrings can point at them:
+
+  q_full[slot]    the producer warp's TMA of a Q tile landed (32 arrivals + the TMA's bytes)
+  q_empty[slot]   persistent: both consumers stored their O out of the Q slot (256)
+  k_full[s]       K of ring stage s landed (32 + bytes); v_full[s] the same for V
+  k_empty[s]      every consumer thread released K of stage s (256; in a 2-CTA cluster 264:
+                  lane 0 of each of the peer's 8 consumer warps arrives remotely); v_empty[s]
+"""
+from enum import IntEnum
+
+
+class NamedBarrier(IntEnum):
+    """Hardware named barrier ids of the forward kernels (the backward's join this enum)."""
+    WARP_SCHEDULER_WG1 = 1  # pingpong: WG1 may issue its QK GEMM (256 = 128 sync + 128 arrive)
+    WARP_SCHEDULER_WG2 = 2
+    EPILOGUE_WG1 = 3  # WG1's 128 threads have written their O tile to shared memory
+    EPILOGUE_WG2 = 4
+    ROW_SUM = 5  # largehdv: WG1's final row sums are in smem for WG2 (128 arrive + 128 sync)
+
+
+WARP_SCHEDULERS = (NamedBarrier.WARP_SCHEDULER_WG1, NamedBarrier.WARP_SCHEDULER_WG2)
+EPILOGUES = (NamedBarrier.EPILOGUE_WG1, NamedBarrier.EPILOGUE_WG2)

@@ -1,0 +1,257 @@
+"""The runner's rollout path (``bench/rollout.py``): the generate phase of an RL rollout on a
+random-initialised Qwen2.5-0.5B, HF generate against the lab's CUDA-graph decode loop, timed in
+shuffled rounds (``timing``), with the GPU's busy fraction and the HBM floor (``floors``), and
+one Dr. GRPO step's breakdown. Without a GPU, the decode step's static report."""
+import json
+import statistics
+import sys
+import time
+
+from ws_lab import cli, floors, timing
+
+TOP_K = 50  # HF generate's default when sampling
+
+
+def _progress(total, label):
+    try:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, desc=label, leave=False, file=sys.stderr)
+        return bar.update, bar.close
+    except ImportError:
+        return None, lambda: None
+
+
+def _busy_fraction(run):
+    """Kernel time over wall time from torch.profiler: for the lab's loop over its decode
+    window (``loop.DECODE_RANGE``: the graph replays, prefill and capture left out), for HF's
+    generate over the whole call (its prefill is ~2 % of it)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from ws_lab.rollout.loop import DECODE_RANGE
+
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    wall_us = (time.perf_counter() - start) * 1e6
+    events = prof.events()
+    kernels = [e.time_range for e in events if e.device_type.name == "CUDA"]
+    window = next((e.time_range for e in events if e.name == DECODE_RANGE), None)
+    if window is not None:
+        kernels = [k for k in kernels if window.start <= k.start <= window.end]
+        wall_us = window.elapsed_us()
+    return _covered_us(kernels) / wall_us if kernels else None
+
+
+def _covered_us(ranges) -> float:
+    """µs during which at least one of the ranges runs (their union): overlapping kernels, or
+    one kernel reported twice (graph launches), count once."""
+    covered, end = 0.0, None
+    for r in sorted(ranges, key=lambda r: r.start):
+        if end is None or r.start >= end:
+            covered += r.end - r.start
+            end = r.end
+        elif r.end > end:
+            covered += r.end - end
+            end = r.end
+    return covered
+
+
+def _hf_path(hf, prompts, new, static):
+    import torch
+
+    kwargs = dict(max_new_tokens=new, min_new_tokens=new, do_sample=True, top_k=TOP_K,
+                  temperature=1.0, eos_token_id=None, pad_token_id=0)
+    if static:
+        kwargs["cache_implementation"] = "static"
+
+    def run():
+        with torch.no_grad():
+            return hf.generate(prompts, **kwargs)
+
+    return run
+
+
+def _lab_path(hf, prompts, new, path, eos_id):
+    """``lab-<attention>`` on the lab's GEMMs; ``lab-fused-cublas``: the same loop on cuBLAS
+    GEMMs (the ablation of kernels/step/decode_layer.py's ``linear``)."""
+    from ws_lab.rollout.loop import generate
+    from ws_lab.rollout.model import DecodeModel
+    from ws_lab.rollout.sampling import Sampling
+
+    _, attention, *rest = path.split("-")
+    model = DecodeModel(hf, prompts.shape[0], prompts.shape[1] + new, attention,
+                        gemms="torch" if rest == ["cublas"] else "lab")
+
+    def run(progress=None):
+        return generate(model, prompts, new, Sampling(temperature=1.0, top_k=TOP_K), eos_id,
+                        check_every=32, progress=progress)
+
+    return run
+
+
+def measure(hf, prompts, new, paths, rounds):
+    """Each path warmed up once, then timed in ``rounds`` rounds, the paths in a fresh shuffled
+    order each round (``timing.time_rounds``: HF's host-bound generate and the lab's graph
+    replays see the same drift); per path the median ms per decode step, its range and the
+    GPU's busy fraction."""
+    import torch
+
+    from ws_lab.rollout.config import QWEN25_05B
+
+    no_eos = QWEN25_05B["vocab_size"]  # an id never sampled: no early stop
+    with torch.no_grad():  # the prefill, timed alone, is subtracted from HF's totals
+        hf(prompts, logits_to_keep=1)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        hf(prompts, logits_to_keep=1)
+        torch.cuda.synchronize()
+        prefill_s = time.perf_counter() - start
+    runs = {}
+    for path in paths:
+        with cli.status(f"{path}: warm-up run (compiles)"):
+            if path.startswith("hf"):
+                runs[path] = _hf_path(hf, prompts, new, static=path == "hf-static")
+            else:
+                runs[path] = _lab_path(hf, prompts, new, path, no_eos)
+            runs[path]()
+    timers = {path: (lambda path=path: _time_ms(runs[path], path, new, prefill_s, "timed"))
+              for path in paths}
+    times, failed = timing.time_rounds(timers, rounds, timer=lambda timed: timed())
+    if failed:
+        path, exc = next(iter(failed.items()))
+        raise RuntimeError(f"{path} failed while timed: {exc}") from exc
+    results = {}
+    for path in paths:
+        ms = statistics.median(times[path])
+        results[path] = dict(ms=ms, low=min(times[path]), high=max(times[path]),
+                             busy=_busy_fraction(runs[path]))
+        print(f"{path}: {ms:.3f} ms per decode step (median of {rounds})", file=sys.stderr,
+              flush=True)
+    return results, prefill_s
+
+
+def _time_ms(run, path, new, prefill_s, label):
+    """One timed run's ms per decode step: the lab loop's own figure (prefill excluded), or
+    HF's wall time less the prefill over its new - 1 decode steps."""
+    import torch
+
+    update, close = _progress(new - 2, f"{path} {label}")
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    out = run(update) if path.startswith("lab") else run()
+    torch.cuda.synchronize()
+    close()
+    if path.startswith("lab"):
+        return out.ms_per_step
+    return 1e3 * (time.perf_counter() - start - prefill_s) / (new - 1)
+
+
+def floor_ms(hf, batch, prompt, new, read_gbps):
+    """Weights read once a step plus the mean K/V a step reads, over the read ceiling
+    (``floors.floor_ms``)."""
+    cfg = hf.config
+    weights = sum(p.numel() * p.element_size() for p in hf.parameters())
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    mean_ctx = prompt + new / 2
+    kv = 2 * cfg.num_hidden_layers * batch * cfg.num_key_value_heads * mean_ctx * head_dim * 2
+    return floors.floor_ms(nbytes=weights + kv, gbps=read_gbps), weights, kv
+
+
+def grpo_step(hf, args):
+    """One Dr. GRPO step on the arithmetic task: the fused loop's rollout, the log-probs of
+    policy and reference, one AdamW step with clipping; prints the breakdown."""
+    import copy
+
+    import torch
+
+    from ws_lab.rollout import grpo
+    from ws_lab.rollout.task import ArithmeticTask
+
+    group = 8
+    task = ArithmeticTask(hf.config.vocab_size, prompt_len=args.prompt)
+    prompts, operands = task.prompts(args.batch // group, "cuda")
+    prompts = prompts.repeat_interleave(group, dim=0)
+    operands = operands.repeat_interleave(group, dim=0)
+    policy, reference = hf, copy.deepcopy(hf).eval()
+    rollout_run = _lab_path(policy, prompts, args.new, "lab-fused", task.eos_id)
+    rollout_run()  # warm-up
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    out = rollout_run()
+    torch.cuda.synchronize()
+    generate_s = time.perf_counter() - start
+    rewards = task.rewards(operands, out.tokens.cpu())
+    policy.train()
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-6)
+    report = grpo.update(policy, reference, optimizer, prompts, out.tokens, rewards, group,
+                         task.eos_id)[0]
+    policy.eval()
+    total = generate_s + report.logprob_s + report.update_s
+    print(f"\nDr. GRPO step ({args.batch} sequences = {args.batch // group} prompts × {group}, "
+          f"{args.prompt} + {args.new} tokens):")
+    print("| phase | s | share |\n|---|---|---|")
+    for name, s in (("generate (lab loop, fused)", generate_s),
+                    ("log-probs (policy + reference)", report.logprob_s),
+                    ("update (forward + backward + AdamW)", report.update_s)):
+        print(f"| {name} | {s:.3f} | {100 * s / total:.1f} % |")
+    print(f"| total | {total:.3f} | |")
+    print(f"loss {report.loss:.4f}, ratio {report.ratio:.6f}, k3 KL {report.kl:.2e}, "
+          f"grad norm {report.grad_norm:.3f}, mean reward {rewards.mean():.3f}")
+
+
+def static_report(json_path):
+    """Without a GPU: the SASS summary of the step's Triton kernels at Qwen2.5-0.5B's sizes —
+    the gate|up and split-K down GEMMs, the paced L2 prefetch, the fused decode attention (the
+    CPU tests in tests/cpu/test_rollout.py run the loop itself on a small model)."""
+    from ws_lab import registry, triton_static
+    from ws_lab.rollout.config import QWEN25_05B as cfg
+
+    heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    head_dim = cfg["hidden_size"] // heads
+    layer = registry.decode("layer_ops").static_specs(cfg["hidden_size"], cfg["intermediate_size"])
+    fused = registry.decode("fused").static_specs(heads, kv_heads, head_dim, "bfloat16")
+    triton_static.print_reports(
+        "the decode step's kernels at Qwen2.5-0.5B's sizes",
+        [("Qwen2.5-0.5B decode step", spec, dict(kernel=spec.name)) for spec in layer + fused],
+        json_path)
+
+
+def run(args, paths):
+    """The GPU run of ``bench/rollout.py``: every path timed, the table, ``--json``, and the
+    Dr. GRPO step with ``--grpo``."""
+    import torch
+
+    from ws_lab.rollout import config
+
+    read_gbps = floors.read_bandwidth_gbps()
+    hf = config.random_model(config.qwen2_config(), torch.bfloat16, "cuda")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    prompts = torch.randint(0, hf.config.vocab_size, (args.batch, args.prompt), generator=gen,
+                            device="cuda")
+    results, prefill_s = measure(hf, prompts, args.new, paths, args.rounds)
+    floor, weights, kv = floor_ms(hf, args.batch, args.prompt, args.new, read_gbps)
+    print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}, read ceiling "
+          f"{read_gbps:.0f} GB/s; B {args.batch}, {args.prompt} + {args.new} tokens; prefill "
+          f"{1e3 * prefill_s:.1f} ms (excluded)\n")
+    print(f"| path | ms per decode step (median of {args.rounds}) | range | tokens/s | GPU busy "
+          f"| × HF static |")
+    print("|---|---|---|---|---|---|")
+    static = results.get("hf-static", {}).get("ms")
+    for path, r in results.items():
+        busy = "n/a" if r["busy"] is None else f"{100 * r['busy']:.0f} %"
+        gap = f"{static / r['ms']:.2f}" if static else "n/a"
+        print(f"| {path} | {r['ms']:.3f} | {r['low']:.3f}–{r['high']:.3f} | "
+              f"{args.batch * 1e3 / r['ms']:,.0f} | {busy} | {gap} |")
+    print(f"| HBM floor ({weights / 1e9:.2f} GB weights + {kv / 1e9:.3f} GB mean K/V) | "
+          f"{floor:.3f} | | | | |")
+    if args.json:
+        args.json.write_text(json.dumps(dict(
+            device=torch.cuda.get_device_name(), torch=torch.__version__, batch=args.batch,
+            prompt=args.prompt, new=args.new, rounds=args.rounds, floor_ms=floor,
+            paths=results), indent=1))
+    if args.grpo:
+        grpo_step(hf, args)

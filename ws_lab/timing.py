@@ -1,0 +1,89 @@
+"""The one timing loop of every runner: interleaved rounds, each in a fresh seeded shuffle
+(``round_orders``), each implementation timed once a round by a timer (``do_bench_ms`` for
+kernels that run long enough to time from the host, ``graph_replay_us`` for µs-scale decode
+kernels, the rollout's own per-step figure for whole loops), and input sets rotated so that no
+timing measures the L2 (``rotation_count``)."""
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from typing import Callable
+
+ROTATE_L2_MULTIPLE = 4  # rotating input sets hold this many times the L2 together
+ROUND_WARMUP_MS, ROUND_REP_MS = 50, 250  # do_bench_ms: per implementation and round
+ROUND_ORDER_SEED = 0
+
+
+def rotation_count(set_bytes: int, device, cap: int) -> int:
+    """How many input sets of ``set_bytes`` to cycle through so that no timing measures the L2
+    (at most ``cap``)."""
+    import torch
+
+    l2 = torch.cuda.get_device_properties(device).L2_cache_size
+    return min(cap, max(1, math.ceil(ROTATE_L2_MULTIPLE * l2 / set_bytes)))
+
+
+def round_orders(names: list[str], rounds: int, seed: int = ROUND_ORDER_SEED) -> list[list[str]]:
+    """The timing order of each round: a seeded shuffle of ``names`` per round, none timed
+    twice in a row across a round boundary. A fixed order reversed every other round gave each
+    implementation the same neighbours and timed the two ends twice back to back; in run 37
+    (notes/coop_overlap.md) the ends' round medians moved 1-4 % between forward and reversed
+    rounds, with a sign that changed from shape to shape. Shuffled neighbours turn that bias
+    into round-to-round spread, which the median absorbs."""
+    rng = random.Random(seed)
+    orders, last = [], None
+    for _ in range(rounds):
+        order = list(names)
+        rng.shuffle(order)
+        if len(order) > 1 and order[0] == last:
+            order.append(order.pop(0))  # the previous round's last goes to this round's end
+        orders.append(order)
+        last = order[-1]
+    return orders
+
+
+def do_bench_ms(fn: Callable) -> float:
+    """Median ms of ``fn`` by ``triton.testing.do_bench`` (device events, after a warm-up)."""
+    import triton.testing
+
+    return triton.testing.do_bench(fn, warmup=ROUND_WARMUP_MS, rep=ROUND_REP_MS,
+                                   return_mode="median")
+
+
+def cycling(calls: list[Callable]) -> Callable:
+    """One zero-argument callable that runs ``calls`` in turn (one per input set)."""
+    turn = itertools.cycle(calls)
+    return lambda: next(turn)()
+
+
+def graph_replay_us(calls: list[Callable]) -> float:
+    """Median µs of CUDA-graph replays, the call cycling through ``calls`` (one per input set):
+    decode kernels run for tens of µs, less than one Python call of their wrapper, so plain
+    do_bench would time the host. Falls back to do_bench for a call that cannot be captured."""
+    import torch
+    import triton.testing
+
+    fn = cycling(calls)
+    try:
+        return 1e3 * triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
+    except RuntimeError:
+        torch.cuda.synchronize()
+        return 1e3 * triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def time_rounds(calls: dict[str, Callable], rounds: int, timer: Callable = None):
+    """``timer(call)`` (default ``do_bench_ms``) of each callable in each of ``rounds`` rounds,
+    in the orders of ``round_orders``. Returns ({name: time per round}, {name: exception}); a
+    call that raises is timed no more and left out of the first dict."""
+    timer = timer or do_bench_ms
+    times, failed = {name: [] for name in calls}, {}
+    for order in round_orders(list(calls), rounds):
+        for name in order:
+            if name in failed:
+                continue
+            try:
+                times[name].append(timer(calls[name]))
+            except Exception as exc:  # e.g. out of memory beside the others' inputs
+                failed[name] = exc
+    return {n: t for n, t in times.items() if n not in failed}, failed
