@@ -358,8 +358,9 @@ def _launch(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, block_table,
         acc_scratch = torch.empty(batch, heads, n_seg, head_dim, dtype=q.dtype, device=q.device)
         arrivals = arrival_counters(q.device, batch * kv_heads)
     else:  # one segment never touches the scratch or the counters: named placeholders
-        m_scratch = l_scratch = acc_scratch = no_scratch = out
-        arrivals = no_counters = positions
+        no_scratch, no_counters = out, positions
+        m_scratch = l_scratch = acc_scratch = no_scratch
+        arrivals = no_counters
     paged = block_table is not None
     no_table = positions  # the static layout never reads a block table
     pdl = has_pdl(q.device)

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import triton
 
+from ws_lab.kernels.decode.triton_common import MERGE_ELEMS_PER_THREAD
+
 # --- paged decode, the Triton modes ---
 
 @dataclass(frozen=True)
