@@ -330,6 +330,9 @@ def parse_args(argv, default_shapes: list[str], extra: Callable | None = None):
     ap.add_argument("--plot", type=Path,
                     help="write a TFLOPS-vs-seqlen PNG here (needs a GPU and matplotlib: "
                          "pip install -e '.[plot]')")
+    ap.add_argument("--impl", action="append", default=None,
+                    help="time only this implementation (repeatable; a lab kernel of the script "
+                         "or a peer: " + ", ".join(PEERS) + "); for long parity runs")
     if extra:
         extra(ap)
     args = ap.parse_args(argv)
@@ -367,6 +370,13 @@ def run(kernels: list[str], args) -> list[Row]:
     import torch
 
     _refuse_unsupported(kernels, args.cases)
+    order = kernels + [p for p in PEERS if p not in kernels]
+    unknown = sorted(set(args.impl or ()) - set(order))
+    if unknown:
+        from ws_lab import cli
+
+        raise cli.UsageError(f"--impl {unknown[0]!r} is not timed here; choose from "
+                             f"{', '.join(order)}")
     if not torch.cuda.is_available():
         if args.plot:
             raise needs_gpu("--plot")
@@ -375,8 +385,7 @@ def run(kernels: list[str], args) -> list[Row]:
             args.json.write_text(json.dumps({"device": None, "static_report": records}, indent=1))
         return []
     impls = implementations(kernels)
-    order = kernels + [p for p in PEERS if p not in kernels]
-    impls = {name: impls[name] for name in order}
+    impls = {name: impls[name] for name in order if not args.impl or name in args.impl}
     rows = []
     for shape in args.cases:
         rows += measure(shape, impls, set(kernels) | {"pipelined"}, args.rounds)
