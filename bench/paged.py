@@ -76,7 +76,7 @@ def _parser():
                     help="sweep split_k launch configs on TUNE_ROWS (needs a GPU)")
     ap.add_argument("--config", help="launch config 'tile,warps,stages,waves[,scratch_div"
                                      "[,merge_partials]]' (default: each mode's "
-                                     "paged.launch_config; needs a GPU)")
+                                     "heuristics.launch_config; needs a GPU)")
     return ap
 
 

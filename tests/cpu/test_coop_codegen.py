@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from ws_lab.kernels.fwd import coop
+from ws_lab.kernels.fwd import coop, tile_scheduler
 from ws_lab import emit, sass, shapes
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
@@ -210,7 +210,7 @@ def test_persistent_walk_covers_every_tile_once_and_groups_a_heads_ranks(n_qtile
     def select(cond, a, b):
         return a if cond else b
 
-    walk = [coop.tile_rank(t, n_qtiles, head_batches, rank_group, select)
+    walk = [tile_scheduler.tile_rank(t, n_qtiles, head_batches, rank_group, select)
             for t in range(n_qtiles * head_batches)]
     assert sorted(walk) == [(r, h) for r in range(n_qtiles) for h in range(head_batches)]
     first_round = {h for _, h in walk[:132]}
