@@ -6,8 +6,8 @@ wait (TileOPs' anchor). TileLang 0.1.15's InjectFenceProxy pass sees a generic-p
 store followed by wgmma (async proxy) and puts a ``fence_proxy_async()`` right after every later
 ``warpgroup_arrive()`` (``ws_lab/upstream/fence_proxy_for_unrelated_smem.py``). A proxy fence
 orders accesses to the same bytes through the two proxies; no async operation and no thread
-ever reads the anchor's bytes, so those fences order nothing — and they cost 1.4 % (NOTES.md,
-coop_overlap, session 6).
+ever reads the anchor's bytes, so those fences order nothing — and they cost 1.4 % (notes/coop_overlap.md,
+Session 6).
 
 The pass removes a ``fence_proxy_async()`` right after ``warpgroup_arrive()`` only when the
 kernel declares wait anchors, never reads them, and every other generic store to shared memory

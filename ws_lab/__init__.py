@@ -7,6 +7,13 @@ the same names resolve through the checkout root added to this package's search 
 """
 import os as _os
 
+__version__ = "0.1.0"
+
+# Triton 3.9 warns on every compile until TRITON_DEFAULT_FP_FUSION is set; the lab's kernels were
+# tuned and checked with FP fusion on (Triton ≤ 3.8's default), so that stays unless the user
+# chose otherwise.
+_os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+
 _ROOT = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
 if _os.path.isfile(_os.path.join(_ROOT, "kernels", "__init__.py")):
     __path__.append(_ROOT)  # noqa: F821  (a package's own __path__)

@@ -20,7 +20,7 @@ def make_paged(batch, heads, kv_heads, head_dim, block_size, context_lens, dtype
     in two rows of the table), the pool's order shuffled, so each sequence's blocks lie scattered
     through a pool of ``num_blocks`` (default: the table's blocks + 7 unused). A table whose
     rows shared blocks would let a paged kernel read fewer distinct bytes than a contiguous
-    copy of the same K/V holds, and the L2 serve the repeats (NOTES.md, paged, session 15)."""
+    copy of the same K/V holds, and the L2 serve the repeats (notes/triton.md, Session 15)."""
     seed = secrets.randbits(31) if seed is None else seed
     # Drawn on the target device: a 32768-block pool is ~10^9 numbers, minutes on a CPU.
     gen = torch.Generator(device=device).manual_seed(seed)

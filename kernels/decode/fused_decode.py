@@ -27,7 +27,7 @@ programmatic dependent launch (waits for its inputs' writer at the top, lets the
 launch after its main loop), as kernels/decode/paged.py and the decode layer's kernels. Before that
 wait, each program of the static layout asks the L2 for its segment's cache rows (a hint; the
 context was written by earlier steps): Qwen2.5-0.5B's decode step, B 64, 0.957 → 0.952 ms
-(NOTES.md rollout, session 20).
+(notes/rollout.md, Session 20).
 
 Positions are clamped in the kernel to [0, capacity − 1]; ``check_positions=True`` refuses an
 out-of-range position on the host instead (it synchronizes).
@@ -35,7 +35,7 @@ out-of-range position on the host instead (it synchronizes).
 Static calls at the rollout's shape (D 64, B·Hkv ≥ 3/4 of the SMs, capacity ≤ 512, sm_90+) run
 the hand-written CUDA kernel instead (``fused_decode_cuda.supports`` and ``heuristics.fused_prefers_cuda``; same contract, same
 checks):
-in Qwen2.5-0.5B's decode step it took the step from 0.894 to 0.876 ms (session 25), then 0.853
+in Qwen2.5-0.5B's decode step it took the step from 0.894 to 0.876 ms (notes/rollout.md, Session 25), then 0.853
 with its prologue's loads ahead of the context's (session 26; notes/rollout.md).
 """
 import math

@@ -44,7 +44,7 @@ class Config:
     heavy_first: bool = False
 
 
-# (D, Dv, causal) -> Config, from `python bench/pipelined.py --tune` on the H100 (NOTES.md,
+# (D, Dv, causal) -> Config, from `python bench/pipelined.py --tune` on the H100 (notes/pipelined.md,
 # 2026-11-22). Measured winners: D 64/128/256 non-causal, D 128 causal. The D 64/256 causal rows
 # take the D 128 causal rule (heavy_first); the Dv 512 row is the lab's earlier measurement
 # (bm64 bn64 t128 s1, 77 TFLOPS on largehdv-2k) and Dv 256 follows it.

@@ -57,7 +57,7 @@ def _add_rmsnorm_kernel(X, Residual, Weight, Out, eps, n_cols, part_stride, ADD:
 
 # The paced L2 prefetch: PREFETCH_PROGRAMS programs each ask for a PREFETCH_PIECE every
 # PREFETCH_GAP SM cycles, ~1.3 TB/s together at 1.755 GHz. Faster queues the step's own loads
-# behind it, slower lets a step's 24 prefetches outlast the step (NOTES.md rollout, session 18).
+# behind it, slower lets a step's 24 prefetches outlast the step (notes/rollout.md, Session 18).
 # 835 cycles (~1.1 TB/s) was best until the attention's context went evict_first in L2; since,
 # 700–750 take 9.5 µs off the rollout's step and 1000 adds 32 (notes/rollout.md, Session 27).
 PREFETCH_PROGRAMS = 8
@@ -102,7 +102,7 @@ def prefetch_l2(t: torch.Tensor):
     no-op): a hint that changes no result. A decode step's kernels are latency-bound and leave
     HBM idle most of the time, and a GEMM whose weights are already in L2 runs faster
     (Qwen2.5-0.5B, B 64, µs cold / in L2: q|k|v 4.65 / 3.59, gate|up 10.15 / 8.01, down
-    7.33 / 5.47; NOTES.md rollout, session 18). Launch it on a side stream, ahead of the GEMMs
+    7.33 / 5.47; notes/rollout.md, Session 18). Launch it on a side stream, ahead of the GEMMs
     that read the bytes: issued from a kernel on the critical path, it lengthens that kernel."""
     if not t.is_contiguous():
         raise ValueError("prefetch_l2: a contiguous tensor expected")
@@ -286,8 +286,8 @@ BLOCK_M = 64  # activation rows per program: a decode batch of ≤ 64 in one til
 
 
 def linear_config(n, k, glu, split_ok, sm_count) -> LinearConfig:
-    """About one wave of programs (measured at M 64 on Qwen2.5-0.5B's layer, NOTES.md rollout,
-    session 17): the widest column slice (128, 64, 32, 16) that still gives ≥ SMs/2 programs —
+    """About one wave of programs (measured at M 64 on Qwen2.5-0.5B's layer, notes/rollout.md,
+    Session 17): the widest column slice (128, 64, 32, 16) that still gives ≥ SMs/2 programs —
     lm_head 128 (110 µs; 64: 120, cuBLAS 117), gate|up 64 (9.5 µs against 11.8 at 32), q|k|v
     16 (4.3 µs; 32: 4.6) — else, with ``split_ok``, 32-column slices with K split into ≤ 2·SMs
     programs of whole BLOCK_K chunks (128 up to K 1024, else 64): o 32 × 7 splits (4.7 µs with
@@ -298,7 +298,7 @@ def linear_config(n, k, glu, split_ok, sm_count) -> LinearConfig:
             if glu:  # two weight tiles a stage: K 64 on 4 stages is 96 KB of smem at 64
                 # columns, where K 128 takes 192 KB, fills an SM and keeps the next kernel's
                 # early programs off it: −11.8 µs a decode step (K 128 on 3 stages −4.3; K 128
-                # on 2, K 64 on 3 or 5, K 32 on 6: slower; NOTES.md rollout, session 22)
+                # on 2, K 64 on 3 or 5, K 32 on 6: slower; notes/rollout.md, Session 22)
                 return LinearConfig(block_n, 64, 1)
             return LinearConfig(block_n, block_k, 1)
     block_n = 16 if n % 32 else 32
@@ -313,7 +313,7 @@ def linear_config(n, k, glu, split_ok, sm_count) -> LinearConfig:
     # beside down (9 / 12 stages: −6 / −8; notes/rollout.md, Session 29). One (o): nothing to
     # pipeline, its weight tile loads before the PDL wait (``linear``) and 2 stages leave room
     # for 3 programs an SM: −11 µs a decode step against 4 stages without the early load
-    # (NOTES.md rollout, session 21)
+    # (notes/rollout.md, Session 21)
     stages = 10 if chunks // splits > 8 else 2 if chunks == splits else 4
     return LinearConfig(block_n, block_k, splits, num_stages=stages)
 
@@ -339,7 +339,7 @@ def linear(x, weight, bias=None, *, glu=False, split_ok=False, config: LinearCon
     split-K linear lets its dependent (``add_rmsnorm``: 64 small programs that then wait for it)
     launch as soon as its own programs have started, not after their main loops: −10 µs a
     Qwen2.5-0.5B decode step, where the same trigger at the top of the norms or the attention
-    costs 11–18 µs (NOTES.md rollout, session 21)."""
+    costs 11–18 µs (notes/rollout.md, Session 21)."""
     n = weight.shape[0] // 2 if glu else weight.shape[0]
     if not triton_supports(x.device):
         y = torch.nn.functional.linear(x, weight, bias)

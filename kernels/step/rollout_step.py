@@ -4,13 +4,13 @@ EOS, feed the token back as the next input, advance the positions and the step c
 
 Counterparts: the "update state" tail of gpt-fast's / SGLang's CUDA-graph decode steps, which
 run it as a handful of torch ops; in a graph each of those is a dependent launch of ~2 µs, and
-the Qwen2.5-0.5B step at B 64 is ~1 ms (NOTES.md rollout, session 18).
+the Qwen2.5-0.5B step at B 64 is ~1 ms (notes/rollout.md, Session 18).
 
 One program holds every row (B ≤ MAX_ROWS): the step counter is read once and advanced once.
 On sm_90 it launches with programmatic dependent launch and waits for the draw before its first
 load; the top-k sampler lets it launch as soon as the sampler's programs start (kernels/step/
 sampling.py), so its launch is off the step's critical path: with the sampler's rework −7.9 µs
-a Qwen2.5-0.5B decode step (NOTES.md rollout, session 22).
+a Qwen2.5-0.5B decode step (notes/rollout.md, Session 22).
 On a CPU tensor without the interpreter the same update runs as torch ops
 (``ws_lab.rollout.loop``).
 """

@@ -3,7 +3,7 @@
 Counterparts: FlashInfer's ``top_k_sampling_from_probs`` (rejection sampling over a pivot),
 vLLM's FlashInfer / PyTorch top-k samplers. At Qwen2's 151936-token vocabulary and B 64,
 ``torch.topk`` costs ~121 µs a step (multi-block radix select: 2-bit digits, 8 passes over
-every row; NOTES.md rollout, session 17) — a tenth of the lab's decode step.
+every row; notes/rollout.md, Session 17) — a tenth of the lab's decode step.
 
   1. ``_chunk_max_kernel`` (grid rows × blocks of chunks): the maximum of every CHUNK columns,
      one pass over the logits — or none, when the logits' producer hands the maxima in (the
@@ -28,7 +28,7 @@ every row; NOTES.md rollout, session 17) — a tenth of the lab's decode step.
   The chunk ids and the winners pass between the phases of program 2 through a
   (rows, 3, K_PAD) int32 scratch (no register scatter in Triton), with a barrier between each
   store and its load. Against bisection, two scans and Philox over all K · CHUNK candidates:
-  18.3 → 14.1 µs a call at (64, 151936) bf16, k 50, the same draws (NOTES.md rollout, session
+  18.3 → 14.1 µs a call at (64, 151936) bf16, k 50, the same draws (notes/rollout.md, Session
   22). On sm_90 it launches with programmatic dependent launch, while the logits' writer
   drains, and lets its dependent (the decode loop's one-program bookkeeping) launch at once.
 
@@ -45,7 +45,7 @@ from ws_lab.check import SUPPORTED, Support, triton_supports
 from ws_lab.kernels.decode.triton_common import has_pdl
 
 # columns per chunk: the candidates are K · CHUNK values a row. 64: 38.6–39.8 µs a call at
-# (64, 151936) bf16, k 50; 128: 44.6 (torch.topk: 126; NOTES.md rollout, session 17)
+# (64, 151936) bf16, k 50; 128: 44.6 (torch.topk: 126; notes/rollout.md, Session 17)
 CHUNK = 64
 CHUNKS_PER_PROGRAM = 32
 MAX_K = 128
@@ -69,7 +69,7 @@ def kth_largest_key(keys, K: tl.constexpr, lo, hi):
     count(keys ≥ t) ≥ K, given count(keys ≥ lo) ≥ K and hi above every key. A ternary
     search: two thresholds a round, their counts (≤ 65535 keys) packed into one int32 sum, so
     a round costs one block-wide reduction and cuts the range to a third (bisection: a half).
-    (A 16-ary search, four int64 sums a round, was slower: NOTES.md rollout, session 18.)"""
+    (A 16-ary search, four int64 sums a round, was slower: notes/rollout.md, Session 18.)"""
     lo = lo.to(tl.int64)
     hi = hi.to(tl.int64)
     n_hi = tl.zeros([], tl.int32)  # count(keys ≥ hi)

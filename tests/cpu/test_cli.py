@@ -224,9 +224,13 @@ def test_the_wheel_installs_one_import_package(tmp_path):
     assert wheel.read(top_level).decode().split() == ["ws_lab"]
     names = set(wheel.namelist())
     assert {"ws_lab/kernels/decode/paged.py", "ws_lab/postproc/fences.py", "ws_lab/upstream/__init__.py"} <= names
-    requires = [line for line in wheel.read(next(n for n in names if n.endswith("METADATA")))
-                .decode().splitlines() if line.startswith("Requires-Dist: matplotlib")]
+    metadata = wheel.read(next(n for n in names if n.endswith("METADATA"))).decode().splitlines()
+    requires = [line for line in metadata if line.startswith("Requires-Dist: matplotlib")]
     assert requires and all("extra == \"plot\"" in r for r in requires)
+    import ws_lab
+
+    assert f"Version: {ws_lab.__version__}" in metadata
+    assert "License: MIT" in metadata and any(n.endswith("LICENSE") for n in names)
 
 
 def test_the_harness_imports_no_kernel_family_by_name():

@@ -69,7 +69,7 @@ def test_ptxas_sinks_the_softmax_below_the_pv_wait(tmp_path):
     wait, above all 64 exp2 of the block, though the source computes them first: the softmax
     runs after PV retires — without the wait anchor (``anchor_probs``, on by default: its
     4-value store keeps the row max and those exp2s above the wait, 2–4 % faster on the H100,
-    NOTES.md session 6; storing all 8 row sums was 3–5 % slower, session 5). When this fails,
+    notes/coop_overlap.md, Session 6; storing all 8 row sums was 3–5 % slower, Session 5). When this fails,
     ptxas changed the schedule: re-measure the anchor."""
     from ws_lab.kernels.fwd import coop_overlap
 
@@ -98,7 +98,7 @@ def test_issue_turns_reads_each_turn_between_its_barriers():
 @pytest.mark.parametrize("kernel", ["coop-overlap", "coop-overlap-persistent"])
 def test_issue_turn_holds_the_v_poll_and_nothing_else(tmp_path, kernel):
     """Each KV step's issue turn is: QK HGMMAs → the V_{n-1} poll → PV HGMMAs, with the K_n poll
-    before the turn. The schedule measured best on the H100 (NOTES.md, coop_overlap, session
+    before the turn. The schedule measured best on the H100 (notes/coop_overlap.md, Session
     7): both polls before the turn were 3–7 % slower, the K poll inside it 0–7 %, O's rescale
     inside it 0–5 %. When this fails, the turn changed: re-measure before keeping it."""
     turns = emit.inspect(emit.lower(kernel, shapes.get("llama8b-4k")), tmp_path).issue_turns

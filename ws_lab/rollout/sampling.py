@@ -29,8 +29,8 @@ def sample(logits: torch.Tensor, cfg: Sampling, chunk_max: torch.Tensor | None =
            seed: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """(B, V) logits (any float dtype) -> (B,) int64 token ids. With top-k the draw happens on
     the k largest only (torch.topk returns them sorted, so top-p needs no sort of the vocab):
-    at a 151936-token vocabulary every full-vocabulary pass costs ~19 µs at B 64 (NOTES:
-    session 15's profile), and this path makes one. ``chunk_max``: the per-chunk maxima the
+    at a 151936-token vocabulary every full-vocabulary pass costs ~19 µs at B 64 (notes/rollout.md:
+    Session 15's profile), and this path makes one. ``chunk_max``: the per-chunk maxima the
     top-k kernel would compute first, when the logits' producer wrote them (``DecodeModel``).
     ``seed``: the top-k kernel's (base, counter) device seed (kernels/step/sampling.py), which the
     decode loop advances with its step counter; the torch paths draw from torch's generator."""
