@@ -285,8 +285,9 @@ def static_report(kernels: list[str], cases: list[shapes.Shape]) -> list[dict]:
     records = []
     for shape in cases:
         for name in kernels:
-            if not registry.get(name).supports(shape):
-                text = f"{name} does not support {shape.name}"
+            support = registry.get(name).supports(shape)
+            if not support:
+                text = f"{name} does not support {shape.name}: {support.reason}"
             else:
                 try:
                     text = emit.report(name, shape)

@@ -128,6 +128,13 @@ class Support:
 SUPPORTED = Support()
 
 
+def head_dims_supported(head_dim, head_dim_v, supported) -> Support:
+    """A forward family's ``supports`` on head dims: the (D, Dv) pairs it runs, named when not."""
+    if (head_dim, head_dim_v) in supported:
+        return SUPPORTED
+    return Support(f"runs (D, Dv) in {sorted(supported)}, not ({head_dim}, {head_dim_v})")
+
+
 def triton_supports(device) -> Support:
     """Whether Triton kernels run on ``device``: CUDA, or the CPU under TRITON_INTERPRET=1."""
     if device.type == "cuda" or (device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"):

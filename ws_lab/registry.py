@@ -31,7 +31,8 @@ class Kernel:
     def attention(self) -> Callable:
         return functools.partial(self._mod().attention, **dict(self.options))
 
-    def supports(self, shape: Shape) -> bool:
+    def supports(self, shape: Shape):
+        """A ``check.Support``: true when the kernel runs the shape, else false with the reason."""
         return self._mod().supports(shape, **dict(self.options))
 
     @property

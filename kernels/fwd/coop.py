@@ -66,7 +66,7 @@ import torch
 from tilelang.layout import make_swizzled_layout
 
 from ws_lab import postproc
-from ws_lab.check import validate_attention_inputs
+from ws_lab.check import Support, head_dims_supported, validate_attention_inputs
 from ws_lab.kernels import LOG2E
 from ws_lab.kernels.fwd.barriers import EPILOGUES, WARP_SCHEDULERS, NamedBarrier
 from ws_lab.kernels.fwd.pipeline import KVRing
@@ -459,9 +459,10 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
     return persistent_kernel(num_ctas) if cfg.persistent else regular_kernel()
 
 
-def supports(shape: Shape, pingpong: bool = True, persistent: bool = False) -> bool:
+def supports(shape: Shape, pingpong: bool = True, persistent: bool = False) -> Support:
     # persistent double-buffers Q: at D 256 that is 128 KB of Q beside 128 KB of K/V
-    return (shape.head_dim, shape.head_dim_v) in (PERSISTENT_HEAD_DIMS if persistent else HEAD_DIMS)
+    return head_dims_supported(shape.head_dim, shape.head_dim_v,
+                               PERSISTENT_HEAD_DIMS if persistent else HEAD_DIMS)
 
 
 def prim_func_for(shape: Shape, pingpong: bool = True, mainloop_factory=serial_mainloop,

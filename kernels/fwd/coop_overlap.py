@@ -212,7 +212,7 @@ def _mainloop_factory(deferred_sums: bool, split_mask: bool, anchor_probs: bool,
     return factory
 
 
-def supports(shape: Shape, pingpong: bool = True, persistent: bool = False, **ablation) -> bool:
+def supports(shape: Shape, pingpong: bool = True, persistent: bool = False, **ablation):
     return coop.supports(shape, pingpong, persistent)
 
 

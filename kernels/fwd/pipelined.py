@@ -27,7 +27,7 @@ import torch
 from ws_lab.kernels import LOG2E
 from ws_lab.kernels.fwd.softmax import alloc_softmax_state, normalize_o, online_softmax
 from ws_lab.kernels.fwd.tile_scheduler import qtile_grid
-from ws_lab.check import validate_attention_inputs
+from ws_lab.check import Support, head_dims_supported, validate_attention_inputs
 from ws_lab.shapes import Shape
 from ws_lab.target import compile_sm90a
 
@@ -134,8 +134,8 @@ def flash_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dty
     return main
 
 
-def supports(shape: Shape) -> bool:
-    return (shape.head_dim, shape.head_dim_v) in HEAD_DIMS
+def supports(shape: Shape) -> Support:
+    return head_dims_supported(shape.head_dim, shape.head_dim_v, HEAD_DIMS)
 
 
 def prim_func_for(shape: Shape, config: "Config | None" = None):

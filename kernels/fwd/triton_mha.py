@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from ws_lab.kernels import LOG2E
-from ws_lab.check import validate_attention_inputs
+from ws_lab.check import Support, head_dims_supported, validate_attention_inputs
 
 HEAD_DIMS = [(d, d) for d in (64, 128)]
 
@@ -144,8 +144,8 @@ def attention(q, k, v, causal=False, softmax_scale=None, out=None):
     return launch(q, k, v, out, bool(causal), dims.softmax_scale)
 
 
-def supports(shape) -> bool:
-    return (shape.head_dim, shape.head_dim_v) in HEAD_DIMS
+def supports(shape) -> Support:
+    return head_dims_supported(shape.head_dim, shape.head_dim_v, HEAD_DIMS)
 
 
 def static_specs(shape):

@@ -86,3 +86,14 @@ def test_persistent_coop_refuses_head_dim_256():
     q, k, v = good(d=256, dv=256)
     with pytest.raises(ValueError, match=r"unsupported head dim \(D=256, Dv=256\)"):
         coop.attention(q, k, v, persistent=True)
+
+
+def test_every_supports_answer_carries_its_reason():
+    """One predicate, ``supports``, everywhere: a ``check.Support``, false with the reason."""
+    from ws_lab import registry, shapes
+    from ws_lab.check import Support
+
+    answers = [registry.get(n).supports(s) for n in registry.KERNELS for s in shapes.SHAPES.values()]
+    assert all(isinstance(a, Support) for a in answers)
+    refusals = [a for a in answers if not a]
+    assert refusals and all("(D, Dv)" in a.reason for a in refusals)
