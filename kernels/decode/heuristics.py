@@ -163,5 +163,6 @@ FUSED_CUDA_SM_SHARE = 0.75
 
 
 def fused_prefers_cuda(batch, kv_heads, sm_count) -> bool:
-    """``auto``'s turn to the fused CUDA kernel, where it applies (``fused_decode_cuda.supports``)."""
+    """``auto``'s turn to the fused CUDA kernel, where it applies
+    (``fused_decode_cuda.supports``)."""
     return batch * kv_heads >= FUSED_CUDA_SM_SHARE * sm_count

@@ -34,8 +34,9 @@ def kv_exceed_half_l2(batch, seq_len, kv_heads, head_dim, head_dim_v, l2_bytes) 
 def cluster_for(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, l2_bytes) -> int:
     """CTAs per cluster of the persistent walk: 2 (two Q heads of one GQA group on a CTA pair,
     each K/V block loaded once and multicast into both) when the group is even and the call's
-    K/V exceed half of L2; else 1. Measured against single CTAs (notes/coop_overlap.md, Session 11): +1 to +7 %
-    at 32–64 MB of K/V (±1 % on the full-mask 32 MB row), −1 % at 16 MB, where L2 holds them."""
+    K/V exceed half of L2; else 1. Measured against single CTAs (notes/coop_overlap.md, Session
+    11): +1 to +7 % at 32–64 MB of K/V (±1 % on the full-mask 32 MB row), −1 % at 16 MB, where
+    L2 holds them."""
     group_even = (heads // kv_heads) % 2 == 0
     big = kv_exceed_half_l2(batch, seq_len, kv_heads, head_dim, head_dim_v, l2_bytes)
     return 2 if group_even and big else 1
@@ -79,7 +80,8 @@ class PersistentScheduler:
 
     @property
     def ctas(self) -> int:
-        return min(self.num_ctas, self.n_qtiles * self.heads * self.batch) // self.lanes * self.lanes
+        tiles = self.n_qtiles * self.heads * self.batch
+        return min(self.num_ctas, tiles) // self.lanes * self.lanes
 
     @property
     def walkers(self) -> int:

@@ -266,7 +266,8 @@ def add_rmsnorm(x, weight, eps, residual=None):
     rows, n_cols = x.shape[-2:]
     out = torch.empty(rows, n_cols, dtype=weight.dtype, device=x.device)
     pdl = has_pdl(x.device)
-    _add_rmsnorm_kernel[(rows,)](x, residual if residual is not None else out, weight, out, eps,
+    no_residual = out  # placeholder: ADD=False never reads or writes the residual pointer
+    _add_rmsnorm_kernel[(rows,)](x, no_residual if residual is None else residual, weight, out, eps,
                                  n_cols, rows * n_cols, ADD=residual is not None, PARTS=parts,
                                  BLOCK=triton.next_power_of_2(n_cols), PDL=pdl, num_warps=4,
                                  launch_pdl=pdl)
@@ -366,8 +367,10 @@ def linear(x, weight, bias=None, *, glu=False, split_ok=False, config: LinearCon
     pdl = has_pdl(x.device)
     grid = (n // cfg.block_n, cfg.splits, triton.cdiv(m, BLOCK_M))
     w_early = pdl and k // cfg.splits == cfg.block_k and not glu
-    _linear_kernel[grid](x, weight, bias if bias is not None else weight, out,
-                         out if chunk_max is None else chunk_max, m, n, k, k // cfg.splits,
+    # placeholders: HAS_BIAS=False never reads the bias pointer, CHUNK_MAX=0 never the maxima's
+    no_bias, no_chunk_max = weight, out
+    _linear_kernel[grid](x, weight, no_bias if bias is None else bias, out,
+                         no_chunk_max if chunk_max is None else chunk_max, m, n, k, k // cfg.splits,
                          x.stride(0), HAS_BIAS=bias is not None, GLU=glu, SPLIT=cfg.splits > 1,
                          CHUNK_MAX=chunk, BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n,
                          BLOCK_K=cfg.block_k, PDL=pdl, W_EARLY=w_early,
