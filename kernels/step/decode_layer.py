@@ -248,11 +248,49 @@ def _silu_mul_kernel(GateUp, Out, n_cols, BLOCK: tl.constexpr):
     tl.store(Out + row * n_cols + cols, _silu_mul(gate, up), mask=ok)
 
 
+NORM_MAX_COLS = 32768  # one program holds a whole row (BLOCK = next power of two ≥ H)
+
+
+def _require_tensors(op, **named):
+    for name, t in named.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    devices = {t.device for t in named.values()}
+    if len(devices) != 1:
+        raise ValueError(f"{op}: inputs are on different devices: {sorted(map(str, devices))}")
+
+
+def _check_norm(x, weight, residual):
+    """``add_rmsnorm``'s boundary: every shape, dtype, layout and device its kernel relies on."""
+    named = dict(x=x, weight=weight, **({} if residual is None else {"residual": residual}))
+    _require_tensors("add_rmsnorm", **named)
+    if x.dim() not in (2, 3) or weight.dim() != 1:
+        raise ValueError(f"add_rmsnorm: x must be (rows, H) or split-K partials (splits, rows, H) "
+                         f"and weight (H,); got {tuple(x.shape)} and {tuple(weight.shape)}")
+    rows, n_cols = x.shape[-2:]
+    if weight.shape[0] != n_cols or (residual is not None and residual.shape != (rows, n_cols)):
+        raise ValueError(f"add_rmsnorm: weight must be ({n_cols},) and residual ({rows}, {n_cols}); "
+                         f"got {tuple(weight.shape)} and "
+                         f"{None if residual is None else tuple(residual.shape)}")
+    want = torch.float32 if x.dim() == 3 else weight.dtype
+    if x.dtype != want or (residual is not None and residual.dtype != weight.dtype):
+        raise TypeError(f"add_rmsnorm: x must be {want} (fp32 when split-K partials) and residual "
+                        f"{weight.dtype}; got {x.dtype} and "
+                        f"{None if residual is None else residual.dtype}")
+    for name, t in named.items():
+        if not t.is_contiguous():
+            raise ValueError(f"add_rmsnorm: {name} must be contiguous, got strides {t.stride()}")
+    if n_cols > NORM_MAX_COLS:
+        raise ValueError(f"add_rmsnorm: rows of at most {NORM_MAX_COLS} elements (one program a "
+                         f"row), got {n_cols}")
+
+
 def add_rmsnorm(x, weight, eps, residual=None):
     """RMSNorm(x + residual) · weight over the last dim of a (rows, H) tensor; with
     ``residual`` the sum is also written back into it (it carries the stream on). ``x`` may be
     a split-K ``linear``'s (splits, rows, H) fp32 partials: their sum, rounded to the weight's
     dtype, is the input. Returns the normed rows."""
+    _check_norm(x, weight, residual)
     if not triton_supports(x.device):
         if x.dim() == 3:
             x = x.sum(0).to(weight.dtype)
@@ -341,6 +379,13 @@ def linear(x, weight, bias=None, *, glu=False, split_ok=False, config: LinearCon
     launch as soon as its own programs have started, not after their main loops: −10 µs a
     Qwen2.5-0.5B decode step, where the same trigger at the top of the norms or the attention
     costs 11–18 µs (notes/rollout.md, Session 21)."""
+    _require_tensors("linear", x=x, weight=weight, **({} if bias is None else {"bias": bias}))
+    if x.dim() != 2 or weight.dim() != 2 or (glu and weight.shape[0] % 2):
+        raise ValueError(f"linear: x must be (M, K) and weight (N, K) ((2N, K) with glu); got "
+                         f"{tuple(x.shape)} and {tuple(weight.shape)}")
+    if bias is not None and (glu or bias.shape != (weight.shape[0],)):
+        raise ValueError(f"linear: bias must be ({weight.shape[0]},) and goes without glu; got "
+                         f"{tuple(bias.shape)} with glu={glu}")
     n = weight.shape[0] // 2 if glu else weight.shape[0]
     if not triton_supports(x.device):
         y = torch.nn.functional.linear(x, weight, bias)
@@ -356,6 +401,9 @@ def linear(x, weight, bias=None, *, glu=False, split_ok=False, config: LinearCon
         raise ValueError(f"linear: x {tuple(x.shape)} (unit stride in K) and a contiguous "
                          f"weight of K = {k} columns expected, got {tuple(weight.shape)}")
     cfg = config or config_for(x.device, n, k, glu, split_ok)
+    if bias is not None and cfg.splits > 1:
+        raise ValueError("linear: split-K partials carry no bias; give the bias to a linear "
+                         "without split_ok")
     if n % cfg.block_n or k % (cfg.block_k * cfg.splits):
         raise ValueError(f"linear: N {n} and K {k} must be multiples of the config's "
                          f"{cfg.block_n} and {cfg.block_k}·{cfg.splits}")
@@ -406,10 +454,16 @@ SILU_BLOCK = 1024
 
 def silu_mul(gate_up):
     """silu(gate) · up for a (rows, 2·I) tensor holding [gate | up] per row -> (rows, I)."""
+    _require_tensors("silu_mul", gate_up=gate_up)
+    if gate_up.dim() != 2 or gate_up.shape[-1] % 2:
+        raise ValueError(f"silu_mul: gate_up must be (rows, 2·I) with [gate | up] per row, got "
+                         f"{tuple(gate_up.shape)}")
     n_cols = gate_up.shape[-1] // 2
     if not gate_up.is_cuda:
         gate, up = gate_up[..., :n_cols], gate_up[..., n_cols:]
         return torch.nn.functional.silu(gate.float()).to(up.dtype) * up
+    if not gate_up.is_contiguous():
+        raise ValueError(f"silu_mul: gate_up must be contiguous, got strides {gate_up.stride()}")
     out = torch.empty(gate_up.shape[0], n_cols, dtype=gate_up.dtype, device=gate_up.device)
     _silu_mul_kernel[(gate_up.shape[0], triton.cdiv(n_cols, SILU_BLOCK))](
         gate_up, out, n_cols, BLOCK=SILU_BLOCK, num_warps=4)

@@ -35,6 +35,9 @@ every row; notes/rollout.md, Session 17) — a tenth of the lab's decode step.
 Temperature and top-k only; top-p needs the K values sorted and takes the torch path
 (``ws_lab.rollout.sampling``).
 """
+import math
+import numbers
+
 import torch
 import triton
 import triton.language as tl
@@ -188,13 +191,21 @@ def top_k_sample(logits: torch.Tensor, k: int, temperature: float,
     ``seed``: (base, counter), one-element int64 tensors on the logits' device whose sum seeds
     the draw — a caller that advances ``counter`` between calls (a decode loop's step) saves
     the ``torch.randint`` launch of each call; without it each call draws a seed."""
-    if not supports(logits, k):
+    if not isinstance(logits, torch.Tensor):
+        raise TypeError(f"top_k_sample: logits must be a torch.Tensor, got {type(logits).__name__}")
+    if isinstance(k, bool) or not isinstance(k, int):
+        raise TypeError(f"top_k_sample: k must be an int, got {type(k).__name__} {k!r}")
+    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
+        raise TypeError(f"top_k_sample: temperature must be a real number, got "
+                        f"{type(temperature).__name__}")
+    support = supports(logits, k)
+    if not support:
         raise ValueError(f"top_k_sample: needs a CUDA 2-D {DTYPES} tensor with unit column "
                          f"stride, 1 ≤ k ≤ min({MAX_K}, chunks) and at most {MAX_CHUNKS} chunks "
-                         f"of {CHUNK}; got {logits.dtype} "
-                         f"{tuple(logits.shape)} on {logits.device}, k={k}")
-    if not temperature > 0:
-        raise ValueError(f"top_k_sample: temperature must be > 0, got {temperature}")
+                         f"of {CHUNK}; got {logits.dtype} {tuple(logits.shape)} on "
+                         f"{logits.device}, k={k} ({support.reason})")
+    if not (temperature > 0 and math.isfinite(temperature)):  # NaN fails both: refused
+        raise ValueError(f"top_k_sample: temperature must be > 0 and finite, got {temperature}")
     rows, cols = logits.shape
     n_chunks = triton.cdiv(cols, CHUNK)
     k_pad = triton.next_power_of_2(k)

@@ -482,3 +482,83 @@ def test_rollout_step_refuses_a_strided_output():
                              torch.zeros(4, dtype=torch.int32),
                              torch.zeros(8, 4, dtype=torch.long).t(), torch.zeros(1, dtype=torch.long),
                              3, True)
+
+
+def _norm_case(**changes):
+    base = dict(x=torch.randn(4, 64).half(), weight=torch.randn(64).half(),
+                residual=torch.randn(4, 64).half())
+    return {**base, **changes}
+
+
+NORM_CASES = [
+    ("short residual", dict(residual=torch.randn(2, 64).half()), ValueError, "residual \\(4, 64\\)"),
+    ("short weight", dict(weight=torch.randn(32).half()), ValueError, "weight must be \\(64,\\)"),
+    ("transposed x", dict(x=torch.randn(64, 4).half().t()), ValueError, "x must be contiguous"),
+    ("fp16 partials", dict(x=torch.randn(2, 4, 64).half()), TypeError, "fp32 when split-K"),
+    ("residual dtype", dict(residual=torch.randn(4, 64)), TypeError, "residual torch.float16"),
+    ("4-D x", dict(x=torch.randn(1, 2, 4, 64).half()), ValueError, "\\(rows, H\\)"),
+    ("a list", dict(weight=[1.0] * 64), TypeError, "weight must be a torch.Tensor"),
+    ("other device", dict(weight=torch.randn(64, device="meta").half()), ValueError,
+     "different devices"),
+    ("2M columns", dict(x=torch.empty(1, 2**21).half(), weight=torch.empty(2**21).half(),
+                        residual=None), ValueError, "at most 32768"),
+]
+
+
+@pytest.mark.parametrize("changes,exc,message", [c[1:] for c in NORM_CASES],
+                         ids=[c[0] for c in NORM_CASES])
+def test_add_rmsnorm_refuses(changes, exc, message, monkeypatch):
+    from ws_lab.kernels.step import decode_layer
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    case = _norm_case(**changes)
+    with pytest.raises(exc, match=message):
+        decode_layer.add_rmsnorm(case["x"], case["weight"], 1e-6, case["residual"])
+
+
+@pytest.mark.parametrize("gate_up,message", [
+    (torch.randn(4, 63).half(), "\\(rows, 2·I\\)"),
+    (torch.randn(2, 4, 64).half(), "\\(rows, 2·I\\)"),
+])
+def test_silu_mul_refuses(gate_up, message):
+    from ws_lab.kernels.step import decode_layer
+
+    with pytest.raises(ValueError, match=message):
+        decode_layer.silu_mul(gate_up)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(bias=torch.randn(32).half()), "bias must be \\(64,\\)"),
+    (dict(bias=torch.randn(64).half(), glu=True), "goes without glu"),
+    (dict(bias=torch.randn(64).half(), split_ok=True), "split-K partials carry no bias"),
+])
+def test_linear_refuses_a_bias_it_would_drop(kwargs, message, monkeypatch):
+    from ws_lab.kernels.step import decode_layer
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    cfg = decode_layer.LinearConfig(32, 32, 2, 2) if kwargs.get("split_ok") else None
+    with pytest.raises(ValueError, match=message):
+        decode_layer.linear(torch.randn(4, 128).half(), torch.randn(64, 128).half(), config=cfg,
+                            **kwargs)
+
+
+@pytest.mark.parametrize("k,temperature,exc,message", [
+    (2.5, 1.0, TypeError, "k must be an int"),
+    (50, float("nan"), ValueError, "temperature must be > 0 and finite"),
+    (50, float("inf"), ValueError, "temperature must be > 0 and finite"),
+])
+def test_top_k_sample_refuses_types_and_nan(k, temperature, exc, message, monkeypatch):
+    from ws_lab.kernels.step import sampling
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(exc, match=message):
+        sampling.top_k_sample(torch.randn(4, 8192), k, temperature)
+
+
+def test_sampling_config_refuses_nan_temperature_and_float_k():
+    from ws_lab.rollout.sampling import Sampling
+
+    with pytest.raises(ValueError, match="temperature ≥ 0"):
+        Sampling(temperature=float("nan"), top_k=50)
+    with pytest.raises(TypeError, match="top_k must be an int"):
+        Sampling(top_k=2.5)

@@ -7,6 +7,7 @@ graphs replay with a fresh offset each time. (Top-k before the temperature selec
 tokens: dividing by a positive temperature keeps their order.) Top-k without top-p on CUDA
 runs kernels/step/sampling.py's two launches (the same draw: the k largest, then Gumbel-max).
 """
+import math
 from dataclasses import dataclass
 
 import torch
@@ -21,8 +22,12 @@ class Sampling:
     top_p: float = 1.0  # 1.0: off
 
     def __post_init__(self):
-        if self.temperature < 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
-            raise ValueError(f"temperature ≥ 0, top_k ≥ 0 and 0 < top_p ≤ 1; got {self}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int):
+            raise TypeError(f"top_k must be an int, got {type(self.top_k).__name__} {self.top_k!r}")
+        # NaN fails every comparison: written so that it is refused, not passed
+        if not (self.temperature >= 0 and self.top_k >= 0 and 0 < self.top_p <= 1
+                and math.isfinite(self.temperature)):
+            raise ValueError(f"temperature ≥ 0 (finite), top_k ≥ 0 and 0 < top_p ≤ 1; got {self}")
 
 
 def sample(logits: torch.Tensor, cfg: Sampling, chunk_max: torch.Tensor | None = None,
