@@ -52,6 +52,7 @@ def static_report(rows, json_path):
 
 def _main(argv):
     args = _parser().parse_args(argv)
+    cli.out_file(args.json)
     rows = [r for r in ROWS if not args.row or any(r.name.startswith(p) for p in args.row)]
     if not rows:
         raise cli.UsageError(f"no row starts with {args.row}; rows: "

@@ -104,6 +104,7 @@ def print_cuda_report():
 
 def _main(argv):
     args = _parser().parse_args(argv)
+    cli.out_file(args.json)
     import torch
 
     for bs in args.block_size:

@@ -41,15 +41,32 @@ def _parser():
 
 def _main(argv):
     args = _parser().parse_args(argv)
+    cli.out_file(args.json)
     paths = [p for p in args.paths.split(",") if p]
     known = {"hf-dynamic", "hf-static", "lab-sdpa", "lab-fused", "lab-fused-cublas"}
     if not paths or set(paths) - known:
         raise cli.UsageError(f"--paths takes a comma-separated subset of {sorted(known)}")
     if args.rounds < 1:
         raise cli.UsageError(f"--rounds must be at least 1, got {args.rounds}")
+    for option in ("batch", "prompt", "new"):
+        if getattr(args, option) < 1:
+            raise cli.UsageError(f"--{option} must be at least 1, got {getattr(args, option)}")
+    from ws_lab.bench_rollout import GRPO_GROUP
+    from ws_lab.rollout.config import QWEN25_05B
+
+    positions = QWEN25_05B["max_position_embeddings"]
+    if args.prompt + args.new > positions:
+        raise cli.UsageError(f"--prompt {args.prompt} + --new {args.new} exceed Qwen2.5-0.5B's "
+                             f"{positions} positions")
+    if args.grpo and args.batch % GRPO_GROUP:
+        raise cli.UsageError(f"--grpo samples groups of {GRPO_GROUP}: --batch must be a multiple "
+                             f"of {GRPO_GROUP}, got {args.batch}")
     import torch
 
     if not torch.cuda.is_available():
+        if args.grpo:
+            raise cli.UsageError("--grpo times a training step and needs a CUDA device; there is "
+                                 "none here")
         from ws_lab import bench_rollout
 
         return bench_rollout.static_report(args.json)

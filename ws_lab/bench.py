@@ -337,6 +337,10 @@ def parse_args(argv, default_shapes: list[str], extra: Callable | None = None):
     if extra:
         extra(ap)
     args = ap.parse_args(argv)
+    from ws_lab import cli
+
+    cli.out_file(args.json)
+    cli.out_file(args.plot, "--plot")
     args.shape = args.shape or default_shapes
     args.cases = [s.with_dtype(DTYPES[args.dtype])
                   for name in args.shape for s in shapes.masks(shapes.get(name), args.causal)]

@@ -10,6 +10,7 @@ import time
 from ws_lab import cli, floors, timing
 
 TOP_K = 50  # HF generate's default when sampling
+GRPO_GROUP = 8  # completions per prompt in the Dr. GRPO step
 
 
 def _progress(total, label):
@@ -161,7 +162,7 @@ def floor_ms(hf, batch, prompt, new, read_gbps):
     return floors.floor_ms(nbytes=weights + kv, gbps=read_gbps), weights, kv
 
 
-def grpo_step(hf, args):
+def grpo_step(hf, args, group=GRPO_GROUP):
     """One Dr. GRPO step on the arithmetic task: the fused loop's rollout, the log-probs of
     policy and reference, one AdamW step with clipping; prints the breakdown."""
     import copy
@@ -171,7 +172,6 @@ def grpo_step(hf, args):
     from ws_lab.rollout import grpo
     from ws_lab.rollout.task import ArithmeticTask
 
-    group = 8
     task = ArithmeticTask(hf.config.vocab_size, prompt_len=args.prompt)
     prompts, operands = task.prompts(args.batch // group, "cuda")
     prompts = prompts.repeat_interleave(group, dim=0)

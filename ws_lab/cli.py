@@ -38,6 +38,17 @@ def unsupported(kernel: str, shape, supported: list) -> UsageError:
                       f"{shape.head_dim_v}); it runs {runs or 'no registered shape'}")
 
 
+def out_file(path, option: str = "--json") -> None:
+    """Refuses, before any work, an output file the run could not write at its end: a
+    directory, or one whose folder does not exist."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise UsageError(f"{option} {path} is a directory; give a file path")
+    if not path.parent.is_dir():
+        raise UsageError(f"{option} {path}: the folder {path.parent} does not exist")
+
+
 def out_dir(path) -> None:
     """Refuses an ``--out`` that exists and is not a directory."""
     if path is not None and path.exists() and not path.is_dir():

@@ -562,3 +562,44 @@ def test_sampling_config_refuses_nan_temperature_and_float_k():
         Sampling(temperature=float("nan"), top_k=50)
     with pytest.raises(TypeError, match="top_k must be an int"):
         Sampling(top_k=2.5)
+
+
+@pytest.fixture(scope="module")
+def tiny_rollout():
+    pytest.importorskip("transformers")
+    from ws_lab.rollout import config
+    from ws_lab.rollout.model import DecodeModel
+
+    hf = config.random_model(config.qwen2_config(config.TINY), torch.float32, "cpu")
+    return hf, DecodeModel(hf, 2, 32, attention="sdpa")
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(max_new=0), "max_new must be a positive int"),
+    (dict(max_new=-3), "max_new must be a positive int"),
+    (dict(max_new=2.0), "max_new must be a positive int"),
+    (dict(prompts=torch.zeros(3, 4, dtype=torch.int64)), "B=2, P ≥ 1"),
+    (dict(prompts=torch.zeros(2, 4)), "int64 / int32"),
+    (dict(prompts=torch.full((2, 4), 96)), "token ids must lie in \\[0, 96\\)"),
+    (dict(max_new=40), "exceed the cache's 32 positions"),
+    (dict(forced=torch.zeros(2, 3, dtype=torch.int64)), "forced must be"),
+])
+def test_generate_refuses(change, message, tiny_rollout):
+    from ws_lab.rollout.loop import generate
+    from ws_lab.rollout.sampling import Sampling
+
+    _, model = tiny_rollout
+    args = dict(prompts=torch.zeros(2, 4, dtype=torch.int64), max_new=5, forced=None)
+    args.update(change)
+    with pytest.raises(ValueError, match=message):
+        generate(model, args["prompts"], args["max_new"], Sampling(), 0, forced=args["forced"])
+
+
+@pytest.mark.parametrize("batch,capacity,message", [
+    (0, 32, "batch must be a positive int"), (2, 0, "capacity must be a positive int"),
+    (2, 10**6, "exceeds the model's 512 positions")])
+def test_decode_model_refuses(batch, capacity, message, tiny_rollout):
+    from ws_lab.rollout.model import DecodeModel
+
+    with pytest.raises(ValueError, match=message):
+        DecodeModel(tiny_rollout[0], batch, capacity, attention="sdpa")

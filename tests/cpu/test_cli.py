@@ -246,3 +246,21 @@ def test_the_harness_imports_no_kernel_family_by_name():
             offenders += [f"{path.name}: {n}" for n in names
                           if n.startswith("ws_lab.kernels") or n.split(".")[0] == "kernels"]
     assert offenders == []
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["bench/rollout.py", "--batch", "0"], "--batch must be at least 1"),
+    (["bench/rollout.py", "--new", "-1"], "--new must be at least 1"),
+    (["bench/rollout.py", "--prompt", "100000"], "exceed Qwen2.5-0.5B's 32768 positions"),
+    (["bench/rollout.py", "--grpo", "--batch", "12"], "multiple of 8"),
+    (["bench/rollout.py", "--grpo"], "needs a CUDA device"),
+    (["bench/rollout.py", "--json", "."], "is a directory"),
+    (["bench/coop.py", "--json", "no/such/folder/out.json"], "does not exist"),
+    (["bench/paged.py", "--json", "."], "is a directory"),
+    (["bench/decode.py", "--json", "no/such/folder/out.json"], "does not exist"),
+    (["bench/pipelined.py", "--plot", "."], "is a directory"),
+])
+def test_bench_mistakes_are_one_line_before_any_work(argv, message):
+    done = _run(str(ROOT / argv[0]), *argv[1:], cwd=ROOT)
+    assert done.returncode == 2, done.stderr[-1000:]
+    assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1

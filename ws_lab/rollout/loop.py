@@ -81,9 +81,7 @@ def generate(model: DecodeModel, prompts: torch.Tensor, max_new: int, sampling: 
     step."""
     import time
 
-    if prompts.shape[1] + max_new > model.capacity:
-        raise ValueError(f"{prompts.shape[1]} prompt + {max_new} new tokens exceed the cache's "
-                         f"{model.capacity} positions")
+    _check_request(model, prompts, max_new, forced)
     cuda = prompts.is_cuda
     graph = cuda if graph is None else graph
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -120,6 +118,35 @@ def generate(model: DecodeModel, prompts: torch.Tensor, max_new: int, sampling: 
         sync()
     return Rollout(state.out, done - timed_from, prefill_s, time.perf_counter() - start,
                    state.logits)
+
+
+def _check_request(model, prompts, max_new, forced):
+    """``generate``'s boundary, before any launch: the prompt batch the model's caches were
+    built for, token ids in the vocabulary, a positive ``max_new`` within the capacity, and a
+    ``forced`` of (B, ≥ max_new) tokens."""
+    if not isinstance(prompts, torch.Tensor) or prompts.dim() != 2 or prompts.dtype not in (
+            torch.int32, torch.int64):
+        raise ValueError(f"prompts must be a (B, P) int64 / int32 tensor, got "
+                         f"{getattr(prompts, 'dtype', type(prompts).__name__)} "
+                         f"{tuple(getattr(prompts, 'shape', ()))}")
+    if prompts.shape[0] != model.batch or prompts.shape[1] == 0:
+        raise ValueError(f"prompts must be (B={model.batch}, P ≥ 1) as the model's caches were "
+                         f"built, got {tuple(prompts.shape)}")
+    if prompts.device != model.device:
+        raise ValueError(f"prompts are on {prompts.device}, the model on {model.device}")
+    if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new < 1:
+        raise ValueError(f"max_new must be a positive int, got {max_new!r}")
+    if prompts.shape[1] + max_new > model.capacity:
+        raise ValueError(f"{prompts.shape[1]} prompt + {max_new} new tokens exceed the cache's "
+                         f"{model.capacity} positions")
+    vocab = model.lm_head.shape[0]
+    if int(prompts.min()) < 0 or int(prompts.max()) >= vocab:
+        raise ValueError(f"prompt token ids must lie in [0, {vocab}), got "
+                         f"[{int(prompts.min())}, {int(prompts.max())}]")
+    if forced is not None and (forced.dim() != 2 or forced.shape[0] != model.batch
+                               or forced.shape[1] < max_new):
+        raise ValueError(f"forced must be (B={model.batch}, ≥ max_new={max_new}) tokens, got "
+                         f"{tuple(forced.shape)}")
 
 
 def _capture(step):

@@ -45,7 +45,14 @@ class DecodeModel:
             raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")
         if gemms not in GEMMS:
             raise ValueError(f"gemms must be one of {GEMMS}, got {gemms!r}")
+        for name, value in (("batch", batch), ("capacity", capacity)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
         cfg = hf_model.config
+        if capacity > cfg.max_position_embeddings:
+            raise ValueError(f"capacity {capacity} exceeds the model's "
+                             f"{cfg.max_position_embeddings} positions")
+        self.batch = batch
         self.hf, self.attention, self.capacity = hf_model, attention, capacity
         self.lab_gemms = gemms == "lab"
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
