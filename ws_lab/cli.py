@@ -29,6 +29,11 @@ def main(entry, argv=None, prog: str | None = None):
     except UsageError as exc:
         print(f"{prog or sys.argv[0]}: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    except BrokenPipeError:  # the reader left (``| head``): no traceback, nothing more to say
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(1) from None
 
 
 def unsupported(kernel: str, shape, supported: list) -> UsageError:
@@ -50,9 +55,24 @@ def out_file(path, option: str = "--json") -> None:
 
 
 def out_dir(path) -> None:
-    """Refuses an ``--out`` that exists and is not a directory."""
-    if path is not None and path.exists() and not path.is_dir():
+    """Refuses an ``--out`` that exists and is not a directory, or one that could not be
+    created because a file stands where one of its folders would."""
+    if path is None:
+        return
+    if path.exists() and not path.is_dir():
         raise UsageError(f"--out {path} is a file; give a directory (it is created if missing)")
+    ancestor = next(p for p in path.parents if p.exists())
+    if not ancestor.is_dir():
+        raise UsageError(f"--out {path}: {ancestor} is a file, so the directory cannot be made")
+
+
+def require_nvcc(what: str) -> None:
+    """An environment problem, said before the work starts: ``what`` compiles with nvcc."""
+    import shutil
+
+    if shutil.which("nvcc") is None:
+        raise UsageError(f"{what} needs nvcc on PATH to compile the emitted CUDA, and it is not "
+                         "there (the CUDA toolkit, 12.4 or newer)")
 
 
 @contextmanager

@@ -182,6 +182,8 @@ def _main(argv):
     if args.postproc is not None and registry.get(args.kernel).static_specs:
         raise cli.UsageError(f"--postproc rewrites TileLang's CUDA; {args.kernel} is a Triton kernel")
     cli.out_dir(args.out)
+    if not registry.get(args.kernel).static_specs:  # Triton reports need no nvcc
+        cli.require_nvcc("emit")
     print(report(args.kernel, shape, args.out, args.postproc))
     if args.out:
         print(f"files in {args.out}")

@@ -225,6 +225,17 @@ def script(name: str) -> str:
             + protocol + "\n\n" + body.rstrip() + "\n" + _MAIN)
 
 
+class InstallError(Exception):
+    """``--against``'s TileLang could not be installed (an environment problem, one line)."""
+
+
+def _check_against(spec: str) -> None:
+    """A SPEC written as a path must be an existing virtual environment."""
+    looks_like_path = spec.startswith(("/", "./", "../", "~")) and "://" not in spec
+    if looks_like_path and not (Path(spec).expanduser() / "bin" / "python").exists():
+        raise cli.UsageError(f"--against {spec}: no virtual environment there (no bin/python)")
+
+
 def _interpreter(spec: str, workdir: Path) -> str:
     """The Python that has ``spec``'s TileLang: an existing virtual environment's, or a fresh
     one's (``python -m venv``, then ``pip install SPEC``: a version pin, a wheel, or a
@@ -240,7 +251,8 @@ def _interpreter(spec: str, workdir: Path) -> str:
                               capture_output=True, text=True)
         if done.returncode:
             shutil.rmtree(venv)
-            raise RuntimeError(f"pip install {spec} failed:\n{done.stderr[-2000:]}")
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise InstallError(f"--against {spec}: pip install failed: {last}")
     return str(python)
 
 
@@ -302,15 +314,20 @@ def _main(argv):
     if args.against:
         if args.name:
             raise cli.UsageError("--against runs every pin; give no NAME")
-        return _print_against(against(args.against, args.workdir), args.against)
+        _check_against(args.against)
+        try:
+            rows = against(args.against, args.workdir)
+        except InstallError as exc:
+            raise cli.UsageError(str(exc)) from None
+        return _print_against(rows, args.against)
     if not args.name:
         print("\n".join(names()))
         return
     if args.name not in names():
         raise cli.UsageError(f"unknown repro {args.name!r}; known: {', '.join(names())}")
     for option, path in (("--out", args.out), ("--script", args.script)):
-        if path is not None and path.is_dir():
-            raise cli.UsageError(f"{option} {path} is a directory; give a file path")
+        cli.out_file(path, option)
+    cli.require_nvcc("a repro bundle (its SASS facts)")
     if args.script:
         args.script.write_text(script(args.name))
         print(f"wrote {args.script}")

@@ -264,3 +264,34 @@ def test_bench_mistakes_are_one_line_before_any_work(argv, message):
     done = _run(str(ROOT / argv[0]), *argv[1:], cwd=ROOT)
     assert done.returncode == 2, done.stderr[-1000:]
     assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_emit_and_repro_path_and_environment_mistakes_are_one_line(tmp_path):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    cases = [
+        (["-m", "ws_lab.emit", "pipelined", "--out", str(a_file / "sub")], "is a file"),
+        (["-m", "ws_lab.repro", "stripe_fragment_layout", "--out", str(tmp_path / "no" / "x.md")],
+         "does not exist"),
+        (["-m", "ws_lab.repro", "stripe_fragment_layout", "--script", str(tmp_path / "no" / "r.py")],
+         "does not exist"),
+        (["-m", "ws_lab.repro", "--against", str(tmp_path / "no-venv")], "no virtual environment"),
+    ]
+    for argv, phrase in cases:
+        _assert_usage_error(_run(*argv, cwd=tmp_path), phrase)
+
+
+def test_without_nvcc_emit_and_repro_say_so(tmp_path):
+    path = os.pathsep.join([os.path.dirname(sys.executable), "/usr/bin", "/bin"])
+    if shutil.which("nvcc", path=path):
+        pytest.skip("nvcc is on the reduced PATH too")
+    env = dict(os.environ, PATH=path)
+    for argv in (["-m", "ws_lab.emit", "pipelined"],
+                 ["-m", "ws_lab.repro", "stripe_fragment_layout"]):
+        _assert_usage_error(_run(*argv, cwd=ROOT, env=env), "needs nvcc on PATH")
+
+
+def test_a_closed_pipe_is_no_traceback():
+    done = subprocess.run(f"{sys.executable} -m ws_lab.repro | head -c 1", shell=True, cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr
