@@ -112,9 +112,9 @@ def _main(argv):
             raise cli.UsageError(f"--block-size must be a power of two in 8..128, got {bs}")
     try:
         config = None if args.config is None else paged.LaunchConfig.parse(args.config)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError) as exc:
         raise cli.UsageError(f"--config takes 4 to 6 comma-separated integers, got "
-                             f"{args.config!r}") from None
+                             f"{args.config!r} ({exc})") from None
     if not torch.cuda.is_available():
         for option in ("sweep", "tune", "config"):
             if getattr(args, option):

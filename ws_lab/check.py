@@ -93,7 +93,7 @@ def validate_attention_inputs(q, k, v, *, supported_head_dims, out=None, softmax
     if len({t.device for t in tensors}) != 1:
         raise ValueError(f"inputs are on different devices: {[str(t.device) for t in tensors]}")
     refuse_overlapping_out(out, q=q, k=k, v=v)
-    require_device(q.device, devices)
+    require_device(q.device, devices, q.dtype)
     return AttentionDims(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, q.dtype, scale)
 
 
@@ -135,24 +135,60 @@ def head_dims_supported(head_dim, head_dim_v, supported) -> Support:
     return Support(f"runs (D, Dv) in {sorted(supported)}, not ({head_dim}, {head_dim_v})")
 
 
-def triton_supports(device) -> Support:
-    """Whether Triton kernels run on ``device``: CUDA, or the CPU under TRITON_INTERPRET=1."""
-    if device.type == "cuda" or (device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"):
+def triton_supports(device, dtype=None) -> Support:
+    """Whether Triton kernels run on ``device``: CUDA, or the CPU under TRITON_INTERPRET=1.
+    With ``dtype`` (a kernel that multiplies with ``tl.dot``): the interpreter computes a bf16
+    ``tl.dot`` wrong (outputs ~1e9 off, no warning), so it is refused there."""
+    if device.type == "cuda":
+        return SUPPORTED
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
+        if dtype == torch.bfloat16:
+            return Support("Triton's interpreter computes bf16 tl.dot wrong (~1e9 off): run bf16 "
+                           "on a GPU, or fp16 / fp32 under TRITON_INTERPRET=1", TypeError)
         return SUPPORTED
     return Support(f"inputs must be CUDA tensors (CPU tensors only under TRITON_INTERPRET=1), "
                    f"got {device.type} tensors")
 
 
-def require_device(device, devices: str) -> None:
+def capturing(device) -> bool:
+    """Whether the current stream of ``device`` is being captured into a CUDA graph."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def refuse_in_capture(device, what: str) -> None:
+    """A host check that synchronizes cannot run inside CUDA-graph capture (it would invalidate
+    the capture): refused with a message saying so."""
+    if capturing(device):
+        raise ValueError(f"{what} synchronizes with the host and cannot run inside CUDA-graph "
+                         "capture: check the inputs once before capturing, then capture without it")
+
+
+def refuse_grad(op: str, **tensors) -> None:
+    """Inputs that need grad are refused until the op has a backward (their grad would be lost
+    silently)."""
+    needing = [n for n, t in tensors.items() if isinstance(t, torch.Tensor) and t.requires_grad]
+    if needing and torch.is_grad_enabled():
+        raise ValueError(f"{op} has no backward: {', '.join(needing)} require grad (detach them, "
+                         "or call under torch.no_grad())")
+
+
+def refuse_expanded(name: str, t: torch.Tensor) -> None:
+    """An expanded (stride-0) output would have every row written to the same memory."""
+    if any(stride == 0 and size > 1 for stride, size in zip(t.stride(), t.shape)):
+        raise ValueError(f"{name} must not be expanded (a stride of 0 makes rows share memory), "
+                         f"got strides {t.stride()} for shape {tuple(t.shape)}")
+
+
+def require_device(device, devices: str, dtype=None) -> None:
     """``devices``: "cuda" — CUDA only; "triton" — ``triton_supports`` (CUDA, or the CPU under
     Triton's interpreter); "any" — no check (fake tensors)."""
     if devices == "any" or device.type == "cuda":
         return
     if devices == "triton":
-        support = triton_supports(device)
+        support = triton_supports(device, dtype)
         if support:
             return
-        raise ValueError(support.reason)
+        raise support.error(support.reason)
     raise ValueError(f"inputs must be CUDA tensors, got {device.type} tensors")
 
 

@@ -47,7 +47,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ws_lab.check import SUPPORTED, Support, refuse_overlapping_out, require_device, validate_scale
+from ws_lab.check import (SUPPORTED, Support, overlaps, refuse_grad, refuse_in_capture,
+                          refuse_overlapping_out, require_device, validate_scale)
 from ws_lab.kernels import LOG2E
 from ws_lab.kernels.decode import fused_decode_cuda, heuristics
 from ws_lab.kernels.decode.triton_common import (MIN_DOT_ROWS, arrival_counters,
@@ -273,6 +274,9 @@ def _validate(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, block_tabl
     devices = {t.device for t in named.values()} | ({out.device} if out is not None else set())
     if len(devices) != 1:
         raise ValueError(f"inputs are on different devices: {sorted(map(str, devices))}")
+    if overlaps(k_cache, v_cache):
+        raise ValueError("k_cache and v_cache overlap in memory; give two separate caches")
+    refuse_grad("fused decode", q=q, k_new=k_new, v_new=v_new, k_cache=k_cache, v_cache=v_cache)
     scale = validate_scale(softmax_scale, head_dim)
     return capacity, scale
 
@@ -292,10 +296,33 @@ def _new_out(q):
 
 
 def _check_positions(positions, capacity):
+    refuse_in_capture(positions.device, "check_positions=True")
     bad = ((positions < 0) | (positions >= capacity)).nonzero()
     if bad.numel():
         b = int(bad[0, 0])
         raise ValueError(f"positions[{b}] = {int(positions[b])} is outside [0, {capacity})")
+
+
+def _check_written_blocks(block_table, positions, num_blocks, block_size):
+    """``check_indices=True`` of the paged entry (synchronizes): every block a sequence reads or
+    writes lies in the pool, and no two sequences write one slot (their new tokens would race)."""
+    refuse_in_capture(block_table.device, "check_indices=True")
+    pos = positions.long()
+    used = (torch.arange(block_table.shape[1], device=pos.device)[None, :]
+            <= pos[:, None] // block_size)
+    bad = (used & ((block_table < 0) | (block_table >= num_blocks))).nonzero()
+    if bad.numel():
+        b, col = (int(x) for x in bad[0])
+        raise ValueError(f"block_table[{b}, {col}] = {int(block_table[b, col])} is not a block of "
+                         f"the pool [0, {num_blocks})")
+    rows = torch.arange(pos.shape[0], device=pos.device)
+    slots = block_table[rows, pos // block_size].long() * block_size + pos % block_size
+    unique, counts = torch.unique(slots, return_counts=True)
+    if bool((counts > 1).any()):
+        slot = int(unique[counts > 1][0])
+        owners = rows[slots == slot].tolist()
+        raise ValueError(f"sequences {owners} write the same cache slot (block {slot // block_size}, "
+                         f"slot {slot % block_size}): each sequence needs its own blocks")
 
 
 @dataclass(frozen=True)
@@ -395,7 +422,7 @@ def fused_decode(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
     are validated here, once."""
     capacity, scale = _validate(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, None,
                                 None, softmax_scale, backend)
-    require_device(q.device, "triton")
+    require_device(q.device, "triton", q.dtype)
     return _launch(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, None,
                    _new_out(q), capacity, scale, backend)
 
@@ -426,7 +453,7 @@ def fused_decode_attention(q, k_new, v_new, k_cache, v_cache, cos, sin, position
                                              positions, softmax_scale, backend)
     capacity, scale = _validate(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, None,
                                 out, softmax_scale, backend)
-    require_device(q.device, "triton")
+    require_device(q.device, "triton", q.dtype)
     if check_positions:
         _check_positions(positions, capacity)
     return _launch(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, None,
@@ -435,17 +462,20 @@ def fused_decode_attention(q, k_new, v_new, k_cache, v_cache, cos, sin, position
 
 def fused_paged_decode_attention(q, k_new, v_new, k_cache, v_cache, block_table, cos, sin,
                                  positions, *, backend="auto", softmax_scale=None, out=None,
-                                 check_positions=False):
+                                 check_positions=False, check_indices=False):
     """The same fused step over kernels/decode/paged.py's cache layout: k_cache / v_cache
     (num_blocks, block_size, Hkv, D), block_table (B, max_blocks) int32; token positions[b]
     goes to block block_table[b, pos // block_size], slot pos % block_size. The context of
     sequence b is [0, positions[b]]. The Triton kernel runs it (``backend`` "auto" or
-    "triton")."""
+    "triton"). ``check_indices=True`` (a host check that synchronizes) refuses block ids outside
+    the pool and two sequences writing one slot."""
     capacity, scale = _validate(q, k_new, v_new, k_cache, v_cache, cos, sin, positions,
                                 block_table, out, softmax_scale, backend)
-    require_device(q.device, "triton")
-    if check_positions:
+    require_device(q.device, "triton", q.dtype)
+    if check_positions or check_indices:  # the slots below index the table by position
         _check_positions(positions, capacity)
+    if check_indices:
+        _check_written_blocks(block_table, positions, k_cache.shape[0], k_cache.shape[1])
     return _launch(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, block_table,
                    _new_out(q) if out is None else out, capacity, scale, backend)
 

@@ -14,6 +14,10 @@ from ws_lab.kernels.decode.triton_common import MERGE_ELEMS_PER_THREAD
 
 # --- paged decode, the Triton modes ---
 
+def _pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
 @dataclass(frozen=True)
 class LaunchConfig:
     tile_n: int  # tokens per tile
@@ -27,6 +31,20 @@ class LaunchConfig:
     # split_k: the last segment program of each (b, KV head) merges its heads (no reduce
     # launch) when group × segments ≤ merge_partials; else the reduce kernel.
     merge_partials: int = 0
+
+    def __post_init__(self):
+        """Refused here, before Triton sees it (a bad config is a Triton-internal assertion)."""
+        fields = (self.tile_n, self.num_warps, self.num_stages, self.waves, self.scratch_div,
+                  self.merge_partials)
+        if any(isinstance(f, bool) or not isinstance(f, int) for f in fields):
+            raise TypeError(f"LaunchConfig takes integers, got {fields}")
+        if not (_pow2(self.tile_n) and self.tile_n >= 16 and _pow2(self.num_warps)
+                and self.num_warps <= 32 and self.num_stages >= 1 and self.waves >= 1
+                and self.scratch_div >= 0 and self.merge_partials >= 0):
+            raise ValueError(f"LaunchConfig needs tile_n a power of two ≥ 16, num_warps a power of "
+                             f"two ≤ 32, num_stages and waves ≥ 1, scratch_div and merge_partials "
+                             f"≥ 0; got {fields}")
+
     @classmethod
     def parse(cls, text: str) -> "LaunchConfig":
         """'tile_n,num_warps,num_stages,waves[,scratch_div[,merge_partials]]' (the form

@@ -37,7 +37,9 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ws_lab.check import SUPPORTED, Support, refuse_overlapping_out, require_device, validate_scale
+from ws_lab.check import (SUPPORTED, Support, overlaps, refuse_expanded, refuse_grad,
+                          refuse_in_capture, refuse_overlapping_out, require_device,
+                          validate_scale)
 from ws_lab.kernels import LOG2E
 from ws_lab.kernels.decode import heuristics, paged_cuda
 from ws_lab.kernels.decode.heuristics import DEFAULTS, LaunchConfig
@@ -253,11 +255,14 @@ def _validate(q, k_cache, v_cache, block_table, context_lens, backend, mode, sof
     devices = {t.device for t in tensors.values()} | ({out.device} if out is not None else set())
     if len(devices) != 1:
         raise ValueError(f"inputs are on different devices: {sorted(map(str, devices))}")
+    if overlaps(k_cache, v_cache):
+        raise ValueError("k_cache and v_cache overlap in memory; give two separate caches")
+    refuse_grad("paged_attention", q=q, k_cache=k_cache, v_cache=v_cache)
     scale = validate_scale(softmax_scale, head_dim)
     try:
-        require_device(q.device, "triton")
-    except ValueError as exc:
-        raise ValueError(f"paged_attention: {exc}") from None
+        require_device(q.device, "triton", q.dtype)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"paged_attention: {exc}") from None
     return scale
 
 
@@ -269,6 +274,7 @@ def _validate_out(out, q, inputs):
                          f"{out.dtype} {tuple(out.shape)}")
     if out.stride(-1) != 1:
         raise ValueError(f"out must have stride 1 in the head dim, got strides {out.stride()}")
+    refuse_expanded("out", out)
     refuse_overlapping_out(out, **inputs)
 
 
@@ -386,6 +392,7 @@ def paged_attention(q, k_cache, v_cache, block_table, context_lens, *, backend="
     if q.shape[0] == 0:
         return out
     if check_indices:
+        refuse_in_capture(q.device, "check_indices=True")
         check_index_range(block_table, context_lens, num_blocks, block_size)
     if the_plan.backend == "cuda":
         return paged_cuda.paged_attention(q, k_cache, v_cache, block_table, context_lens, out,

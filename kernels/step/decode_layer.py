@@ -320,6 +320,17 @@ class LinearConfig:
     num_warps: int = 4
     num_stages: int = 4
 
+    def __post_init__(self):
+        """Refused here, before Triton sees it."""
+        fields = (self.block_n, self.block_k, self.splits, self.num_warps, self.num_stages)
+        if any(isinstance(f, bool) or not isinstance(f, int) for f in fields):
+            raise TypeError(f"LinearConfig takes integers, got {fields}")
+        pow2 = [n > 0 and n & (n - 1) == 0 for n in (self.block_n, self.block_k, self.num_warps)]
+        if not (all(pow2) and self.block_n >= 16 and self.block_k >= 16 and self.num_warps <= 32
+                and self.splits >= 1 and self.num_stages >= 1):
+            raise ValueError(f"LinearConfig needs block_n and block_k powers of two ≥ 16, num_warps "
+                             f"a power of two ≤ 32, splits and num_stages ≥ 1; got {fields}")
+
 
 BLOCK_M = 64  # activation rows per program: a decode batch of ≤ 64 in one tile
 
@@ -387,7 +398,8 @@ def linear(x, weight, bias=None, *, glu=False, split_ok=False, config: LinearCon
         raise ValueError(f"linear: bias must be ({weight.shape[0]},) and goes without glu; got "
                          f"{tuple(bias.shape)} with glu={glu}")
     n = weight.shape[0] // 2 if glu else weight.shape[0]
-    if not triton_supports(x.device):
+    # the interpreter's bf16 tl.dot is wrong: there, bf16 takes the torch formula below
+    if not triton_supports(x.device, x.dtype):
         y = torch.nn.functional.linear(x, weight, bias)
         y = silu_mul(y) if glu else y
         if chunk_max is not None:

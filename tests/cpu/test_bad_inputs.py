@@ -603,3 +603,101 @@ def test_decode_model_refuses(batch, capacity, message, tiny_rollout):
 
     with pytest.raises(ValueError, match=message):
         DecodeModel(tiny_rollout[0], batch, capacity, attention="sdpa")
+
+
+def _interp_paged(dtype=torch.float16):
+    """A valid paged call on CPU tensors (run under the interpreter)."""
+    q = torch.randn(2, 4, 64, dtype=dtype)
+    kc, vc = torch.randn(8, 16, 2, 64, dtype=dtype), torch.randn(8, 16, 2, 64, dtype=dtype)
+    table = torch.arange(8, dtype=torch.int32).view(2, 4)
+    return q, kc, vc, table, torch.tensor([5, 40], dtype=torch.int32)
+
+
+@pytest.mark.parametrize("case,exc,message", [
+    ("expanded out", ValueError, "must not be expanded"),
+    ("one cache", ValueError, "k_cache and v_cache overlap"),
+    ("needs grad", ValueError, "has no backward: q require grad"),
+    ("bf16 interpreted", TypeError, "interpreter computes bf16 tl.dot wrong"),
+    ("three warps", ValueError, "num_warps a power of two"),
+])
+def test_paged_refuses_layouts_and_configs(case, exc, message, monkeypatch):
+    from ws_lab.kernels.decode import heuristics, paged
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    q, kc, vc, table, lens = _interp_paged(torch.bfloat16 if "bf16" in case else torch.float16)
+    kwargs = {}
+    if case == "expanded out":
+        kwargs["out"] = torch.empty(1, 4, 64, dtype=q.dtype).expand(2, 4, 64)
+    if case == "one cache":
+        vc = kc
+    if case == "needs grad":
+        q.requires_grad_(True)
+    with pytest.raises(exc, match=message):
+        if case == "three warps":
+            kwargs["config"] = heuristics.LaunchConfig(64, 3, 2, 4)
+        paged.paged_attention(q, kc, vc, table, lens, **kwargs)
+
+
+def test_host_checks_refuse_graph_capture(monkeypatch):
+    from ws_lab import check
+    from ws_lab.kernels.decode import paged
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(check, "capturing", lambda device: True)
+    with pytest.raises(ValueError, match="cannot run inside CUDA-graph capture"):
+        paged.paged_attention(*_interp_paged(), check_indices=True)
+
+
+def _interp_fused_paged(positions, table):
+    from ws_lab.rope import rope_tables
+
+    q = torch.randn(2, 4, 64).half()
+    k_new, v_new = torch.randn(2, 2, 64).half(), torch.randn(2, 2, 64).half()
+    kc, vc = torch.randn(8, 16, 2, 64).half(), torch.randn(8, 16, 2, 64).half()
+    cos, sin = rope_tables(64, 64)
+    return (q, k_new, v_new, kc, vc, torch.tensor(table, dtype=torch.int32), cos, sin,
+            torch.tensor(positions, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("positions,table,message", [
+    ([3, 3], [[0, 1, 2, 3], [0, 4, 5, 6]], "write the same cache slot"),
+    ([3, 20], [[0, 1, 2, 3], [4, 9, 5, 6]], "= 9 is not a block of the pool"),
+    ([3, 64], [[0, 1, 2, 3], [4, 5, 6, 7]], "positions\\[1\\] = 64 is outside"),
+])
+def test_fused_paged_check_indices(positions, table, message, monkeypatch):
+    from ws_lab.kernels.decode import fused_decode
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(ValueError, match=message):
+        fused_decode.fused_paged_decode_attention(*_interp_fused_paged(positions, table),
+                                                  check_indices=True)
+
+
+def test_fused_refuses_one_cache_for_k_and_v(monkeypatch):
+    from ws_lab.kernels.decode import fused_decode
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    args = list(_interp_fused_paged([3, 20], [[0, 1, 2, 3], [4, 5, 6, 7]]))
+    args[4] = args[3]
+    with pytest.raises(ValueError, match="k_cache and v_cache overlap"):
+        fused_decode.fused_paged_decode_attention(*args)
+
+
+def test_the_interpreter_takes_bf16_linear_through_torch(monkeypatch):
+    """Triton's interpreter computes bf16 tl.dot wrong: linear takes the torch formula there."""
+    from ws_lab import oracle
+    from ws_lab.kernels.step import decode_layer
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    x, w = torch.randn(4, 128).bfloat16(), torch.randn(64, 128).bfloat16()
+    out = decode_layer.linear(x, w)
+    assert oracle.rel_l2(out, x.double() @ w.double().t()) < 1e-2
+
+
+def test_triton_mha_refuses_bf16_under_the_interpreter(monkeypatch):
+    from ws_lab.kernels.fwd import triton_mha
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    q, k, v = (torch.randn(1, 40, h, 64).bfloat16() for h in (4, 2, 2))
+    with pytest.raises(TypeError, match="interpreter computes bf16 tl.dot wrong"):
+        triton_mha.attention(q, k, v, causal=True)
