@@ -397,19 +397,21 @@ def _launch(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, block_table,
         scale * LOG2E, capacity, heads, kv_heads,
         block_table.stride(0) if paged else 0, q.stride(0), k_new.stride(0), v_new.stride(0),
         **_meta(the_plan, heads // kv_heads, head_dim, paged,
-                k_cache.shape[1] if paged else 1, pdl),
+                k_cache.shape[1] if paged else 1, pdl,
+                aligned=k_cache.data_ptr() % 16 == 0 and v_cache.data_ptr() % 16 == 0),
         num_warps=the_plan.num_warps, num_stages=NUM_STAGES, launch_pdl=pdl)
     return out
 
 
-def _meta(the_plan: FusedPlan, group, head_dim, paged, block_size, pdl) -> dict:
+def _meta(the_plan: FusedPlan, group, head_dim, paged, block_size, pdl, aligned=True) -> dict:
     """The kernel's compile-time arguments for a Triton plan: what the launch and
-    ``static_specs`` both pass."""
+    ``static_specs`` both pass. ``aligned``: the caches start on 16 bytes, as the L2 bulk
+    prefetch of each segment's rows needs (a misaligned view skips the hint)."""
     seg_pad = triton.next_power_of_2(the_plan.segments)
     return dict(GROUP=group, G_PAD=max(MIN_DOT_ROWS, triton.next_power_of_2(group)), D=head_dim,
                 TILE_N=TILE, PAGED=paged, BLOCK_SIZE=block_size, SPLIT=the_plan.split,
                 MERGE_HEADS=merge_chunk(group, the_plan.num_warps, seg_pad, head_dim),
-                SEG_PAD=seg_pad, PDL=pdl, L2_AHEAD=pdl and not paged)
+                SEG_PAD=seg_pad, PDL=pdl, L2_AHEAD=pdl and not paged and aligned)
 
 
 @torch.library.custom_op("ws_lab::fused_decode", mutates_args=("k_cache", "v_cache"))

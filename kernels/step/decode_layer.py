@@ -107,7 +107,7 @@ def prefetch_l2(t: torch.Tensor):
     if not t.is_contiguous():
         raise ValueError("prefetch_l2: a contiguous tensor expected")
     nbytes = t.numel() * t.element_size() // 16 * 16
-    if nbytes and has_pdl(t.device):
+    if nbytes and t.data_ptr() % 16 == 0 and has_pdl(t.device):  # the bulk prefetch's alignment
         _prefetch_l2_kernel[(PREFETCH_PROGRAMS,)](t, nbytes, PIECE=PREFETCH_PIECE,
                                                   GAP=PREFETCH_GAP, num_warps=1)
 
@@ -170,7 +170,8 @@ def prefetch_context_l2(k_cache: torch.Tensor, v_cache: torch.Tensor, positions:
         raise ValueError(f"prefetch_context_l2: positions on {positions.device}, caches on "
                          f"{k_cache.device}")
     token_bytes = dim * k_cache.element_size()
-    if batch * heads and token_bytes % 16 == 0 and has_pdl(k_cache.device):
+    aligned = k_cache.data_ptr() % 16 == 0 and v_cache.data_ptr() % 16 == 0  # bulk prefetch
+    if batch * heads and token_bytes % 16 == 0 and aligned and has_pdl(k_cache.device):
         _prefetch_context_l2_kernel[(CONTEXT_PREFETCH_PROGRAMS,)](
             k_cache, v_cache, positions, batch * heads, heads, capacity, capacity * token_bytes,
             TOKEN_BYTES=token_bytes, PIECE=MAX_BULK_PREFETCH, GAP=CONTEXT_PREFETCH_GAP,
