@@ -4,7 +4,7 @@ For each shape × mask × dtype it checks each implementation once against the f
 (NaN-poisoned output for the lab's kernels), times it with ``triton.testing.do_bench`` (median,
 rotating input sets when they fit in L2) in interleaved rounds — every implementation once per
 round, in a fresh seeded shuffle each round, so none is always measured at the same point of
-the GPU's clock and temperature drift or right after the same neighbour (``round_orders``); a
+the GPU's clock and temperature drift or right after the same neighbour (``timing.round_orders``); a
 row's time is the median of its round medians and
 ``spread`` their range — and prints one markdown table with the gap columns:
 ``×peer`` = peer time / row time (> 1: the row is faster). A peer that fails or is absent shows
@@ -158,7 +158,6 @@ def implementations(lab_kernels: list[str]) -> dict[str, Callable]:
 # --- measuring ---
 
 DEFAULT_ROUNDS = 8
-round_orders, time_rounds = timing.round_orders, timing.time_rounds  # the runners' one loop
 
 
 def _input_sets(shape: shapes.Shape, device):
@@ -171,10 +170,6 @@ def _input_sets(shape: shapes.Shape, device):
     dtype = getattr(torch, shape.dtype)
     return [random_qkv(shape.batch, shape.seq_len, shape.heads, shape.kv_heads, shape.head_dim,
                        shape.head_dim_v, dtype, device)[0] for _ in range(count)]
-
-
-def _note(exc: Exception) -> str:
-    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:80] if str(exc) else ''}"
 
 
 def _checked_call(name, make, shape, sets, ref, is_lab: bool):
@@ -212,12 +207,12 @@ def measure(shape: shapes.Shape, impls: dict[str, Callable], is_lab: set[str],
         try:
             timed[name], row.rel_err = _checked_call(name, make, shape, sets, ref, name in is_lab)
         except Exception as exc:  # a peer that cannot run this shape shows n/a
-            row.note = _note(exc)
+            row.note = timing.failure_note(exc)
         rows.append(row)
-    round_ms, failed = time_rounds(timed, rounds)
+    round_ms, failed = timing.time_rounds(timed, rounds)
     for row in rows:
         if row.impl in failed:
-            row.note = _note(failed[row.impl])
+            row.note = timing.failure_note(failed[row.impl])
         elif row.impl in round_ms:
             row.round_ms = ms = round_ms[row.impl]
             row.ms = statistics.median(ms)

@@ -161,7 +161,7 @@ def measure_row(row: DecodeRow, read_gbps: float) -> DecodeResult:
             res.errors[name] = oracle.rel_l2(impl[0](), ref)  # fused: into the NaN-filled out
             res.us[name] = timing.graph_replay_us(impl)
         except Exception as exc:  # a peer that cannot run the row shows n/a
-            res.notes[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
+            res.notes[name] = timing.failure_note(exc)
     eager = unfused(s0, False)
     res.errors["unfused eager"] = oracle.rel_l2(eager(), ref)
     res.us["unfused eager"] = 1e3 * triton.testing.do_bench(eager, warmup=25, rep=100,

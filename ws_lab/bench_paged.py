@@ -72,7 +72,7 @@ def measure_row(row: PagedRow, modes, read_gbps, with_peers=True, config=None) -
             paged.paged_attention(q, kc, vc, table, lens, out=out, **kwargs)
         except (TypeError, ValueError) as exc:  # outside the backend's scope: n/a
             res.us[mode] = None
-            res.notes[mode] = _note(exc)
+            res.notes[mode] = timing.failure_note(exc)
             continue
         res.errors[mode] = oracle.rel_l2(out, ref)
         res.us[mode] = timing.graph_replay_us([
@@ -85,10 +85,6 @@ def measure_row(row: PagedRow, modes, read_gbps, with_peers=True, config=None) -
     del sets
     torch.cuda.empty_cache()
     return res
-
-
-def _note(exc) -> str:
-    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:80] if str(exc) else ''}"
 
 
 def _measure_peers(res, sets, table, lens, ref):
@@ -111,14 +107,14 @@ def _measure_peers(res, sets, table, lens, ref):
         res.us["sdpa"] = timing.graph_replay_us(sdpa)
         del dense, sdpa
     except RuntimeError as exc:
-        res.notes["sdpa"] = _note(exc)
+        res.notes["sdpa"] = timing.failure_note(exc)
     for name, make in (("tileops", _tileops_calls), ("fa-cute", _fa_cute_calls)):
         try:
             calls = make(sets, table, lens)
             res.peer_errors[name] = oracle.rel_l2(calls[0](), ref)
             res.us[name] = timing.graph_replay_us(calls)
         except Exception as exc:  # absent or refusing: n/a
-            res.notes[name] = _note(exc)
+            res.notes[name] = timing.failure_note(exc)
 
 
 def _tileops_calls(sets, table, lens):

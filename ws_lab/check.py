@@ -31,9 +31,12 @@ class AttentionDims:
         return _TL_DTYPE[self.dtype]
 
 
-def _require_tensor(name, t):
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+def require_tensors(who: str = "", **named) -> None:
+    """TypeError naming the first argument that is not a tensor (``who``: the op, as a prefix)."""
+    for name, t in named.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{who + ': ' if who else ''}{name} must be a torch.Tensor, got "
+                            f"{type(t).__name__}")
 
 
 def validate_attention_inputs(q, k, v, *, supported_head_dims, out=None, softmax_scale=None,
@@ -52,7 +55,7 @@ def validate_attention_inputs(q, k, v, *, supported_head_dims, out=None, softmax
     if not isinstance(causal, (bool, numpy.bool_)):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__} {causal!r}")
     for name, t in (("q", q), ("k", k), ("v", v)):
-        _require_tensor(name, t)
+        require_tensors(**{name: t})
         if t.dtype not in dtypes:
             raise TypeError(f"{name} has dtype {t.dtype}; supported: {', '.join(map(str, dtypes))}")
         if t.dim() != 4:
@@ -83,7 +86,7 @@ def validate_attention_inputs(q, k, v, *, supported_head_dims, out=None, softmax
             raise ValueError(f"{name} must be {need}; got strides {t.stride()} for shape "
                              f"{tuple(t.shape)}")
     if out is not None:
-        _require_tensor("out", out)
+        require_tensors(out=out)
         want = (batch, seq_len, heads, head_dim_v)
         if tuple(out.shape) != want or out.dtype != q.dtype or not out.is_contiguous():
             raise ValueError(f"out must be a contiguous {q.dtype} tensor of shape {want}, got "

@@ -87,3 +87,8 @@ def time_rounds(calls: dict[str, Callable], rounds: int, timer: Callable = None)
             except Exception as exc:  # e.g. out of memory beside the others' inputs
                 failed[name] = exc
     return {n: t for n, t in times.items() if n not in failed}, failed
+
+
+def failure_note(exc: Exception) -> str:
+    """The one line a table shows for an implementation that could not run or be timed."""
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:80] if str(exc) else ''}"

@@ -48,7 +48,8 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ws_lab.check import (SUPPORTED, Support, overlaps, refuse_grad, refuse_in_capture,
-                          refuse_overlapping_out, require_device, validate_scale)
+                          refuse_overlapping_out, require_device, require_tensors,
+                          validate_scale)
 from ws_lab.kernels import LOG2E
 from ws_lab.kernels.decode import fused_decode_cuda, heuristics
 from ws_lab.kernels.decode.triton_common import (MIN_DOT_ROWS, arrival_counters,
@@ -199,7 +200,7 @@ def _validate(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, block_tabl
                  sin=sin, positions=positions)
     if block_table is not None:
         named["block_table"] = block_table
-    _require_tensors(**named)
+    require_tensors(**named)
     if q.dtype not in DTYPES:
         raise TypeError(f"q has dtype {q.dtype}; supported: {DTYPES}")
     for name in ("k_new", "v_new", "k_cache", "v_cache"):
@@ -283,11 +284,6 @@ def _validate(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, block_tabl
 
 _ROW_VIEWS = ("q", "k_new", "v_new")
 
-
-def _require_tensors(**named):
-    for name, t in named.items():
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
 
 
 def _new_out(q):
@@ -449,7 +445,7 @@ def fused_decode_attention(q, k_new, v_new, k_cache, v_cache, cos, sin, position
     Without ``out`` the call goes through ``torch.ops.ws_lab.fused_decode``, which validates."""
     if out is None and not check_positions:
         # the op validates; only what its dispatcher would refuse less clearly is checked here
-        _require_tensors(q=q, k_new=k_new, v_new=v_new, k_cache=k_cache, v_cache=v_cache,
+        require_tensors(q=q, k_new=k_new, v_new=v_new, k_cache=k_cache, v_cache=v_cache,
                          cos=cos, sin=sin, positions=positions)
         return torch.ops.ws_lab.fused_decode(q, k_new, v_new, k_cache, v_cache, cos, sin,
                                              positions, softmax_scale, backend)

@@ -14,6 +14,7 @@ from ws_lab.kernels.decode.triton_common import MERGE_ELEMS_PER_THREAD
 
 # --- paged decode, the Triton modes ---
 
+
 def _pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 

@@ -39,7 +39,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ws_lab.check import (SUPPORTED, Support, overlaps, refuse_expanded, refuse_grad,
                           refuse_in_capture, refuse_overlapping_out, require_device,
-                          validate_scale)
+                          require_tensors, validate_scale)
 from ws_lab.kernels import LOG2E
 from ws_lab.kernels.decode import heuristics, paged_cuda
 from ws_lab.kernels.decode.heuristics import DEFAULTS, LaunchConfig
@@ -203,9 +203,7 @@ def _validate(q, k_cache, v_cache, block_table, context_lens, backend, mode, sof
     the softmax scale."""
     tensors = dict(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table,
                    context_lens=context_lens)
-    for name, t in tensors.items():
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    require_tensors(**tensors)
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if mode not in ALL_MODES:

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ws_lab.check import triton_supports
+from ws_lab.check import require_tensors, triton_supports
 from ws_lab.kernels.decode.triton_common import bulk_prefetch_l2, has_pdl, sm_count
 from ws_lab.target import H100_SMS
 
@@ -253,9 +253,8 @@ NORM_MAX_COLS = 32768  # one program holds a whole row (BLOCK = next power of tw
 
 
 def _require_tensors(op, **named):
-    for name, t in named.items():
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    """Tensors, all on one device."""
+    require_tensors(op, **named)
     devices = {t.device for t in named.values()}
     if len(devices) != 1:
         raise ValueError(f"{op}: inputs are on different devices: {sorted(map(str, devices))}")

@@ -3,7 +3,7 @@ that drifts, as a warming GPU does)."""
 import pytest
 import triton.testing
 
-from ws_lab import bench
+from ws_lab import bench, timing
 
 
 @pytest.fixture
@@ -22,8 +22,8 @@ def drifting_do_bench(monkeypatch):
 
 
 def test_rounds_follow_the_shuffled_orders(drifting_do_bench):
-    times, failed = bench.time_rounds({n: (lambda n=n: n) for n in "abc"}, rounds=3)
-    orders = bench.round_orders(list("abc"), 3)
+    times, failed = timing.time_rounds({n: (lambda n=n: n) for n in "abc"}, rounds=3)
+    orders = timing.round_orders(list("abc"), 3)
     assert not failed
     assert drifting_do_bench == [n for order in orders for n in order]
     # a drift of 1 % a call: each time is its base scaled by the call's position in the run
@@ -38,7 +38,7 @@ NAMES = ["persistent", "overlap", "overlap-nopp", "coop", "coop-nopp", "sdpa-cud
 
 @pytest.mark.parametrize("names", [list("ab"), list("abc"), NAMES])
 def test_no_implementation_is_timed_twice_in_a_row(names):
-    orders = bench.round_orders(names, 16)
+    orders = timing.round_orders(names, 16)
     assert all(sorted(order) == sorted(names) for order in orders)
     sequence = [n for order in orders for n in order]
     assert all(x != y for x, y in zip(sequence, sequence[1:]))
@@ -48,17 +48,17 @@ def test_neighbours_change_from_round_to_round():
     """The bench's own ten implementations over its default 8 rounds: the ends of the old
     fixed order (persistent, tileops) and every other implementation follow several different
     implementations, and no round repeats the one before it."""
-    orders = bench.round_orders(NAMES, bench.parse_args([], ["llama8b-4k"]).rounds)
+    orders = timing.round_orders(NAMES, bench.parse_args([], ["llama8b-4k"]).rounds)
     sequence = [n for order in orders for n in order]
     before = {n: {p for p, x in zip(sequence, sequence[1:]) if x == n} for n in NAMES}
     assert min(len(p) for p in before.values()) >= 3, before
     assert all(a != b for a, b in zip(orders, orders[1:]))
-    assert bench.round_orders(NAMES, 8) == orders  # seeded: a rerun times in the same orders
+    assert timing.round_orders(NAMES, 8) == orders  # seeded: a rerun times in the same orders
 
 
 @pytest.mark.parametrize("rounds", [1, 2, 4])
 def test_every_implementation_is_timed_once_a_round(drifting_do_bench, rounds):
-    bench.time_rounds({n: (lambda n=n: n) for n in "abc"}, rounds=rounds)
+    timing.time_rounds({n: (lambda n=n: n) for n in "abc"}, rounds=rounds)
     assert sorted(drifting_do_bench) == sorted(list("abc") * rounds)
 
 
@@ -68,7 +68,7 @@ def test_a_call_that_raises_is_timed_no_more(drifting_do_bench):
             raise RuntimeError("CUDA out of memory")
         return "a"
 
-    times, failed = bench.time_rounds({"a": flaky, "b": lambda: "b"}, rounds=3)
+    times, failed = timing.time_rounds({"a": flaky, "b": lambda: "b"}, rounds=3)
     assert drifting_do_bench == ["a", "b", "b", "b"]
     assert list(times) == ["b"] and len(times["b"]) == 3
     assert str(failed["a"]) == "CUDA out of memory"
