@@ -195,6 +195,11 @@ def require_device(device, devices: str, dtype=None) -> None:
     raise ValueError(f"inputs must be CUDA tensors, got {device.type} tensors")
 
 
+def _has_memory(*tensors: torch.Tensor) -> bool:
+    return not any(t.device.type == "meta" or isinstance(t, torch._subclasses.FakeTensor)
+                   for t in tensors)
+
+
 def _byte_span(t: torch.Tensor) -> tuple[int, int]:
     """[first, last) byte addresses a tensor's elements occupy (its strided extent)."""
     start = t.data_ptr()
@@ -203,8 +208,10 @@ def _byte_span(t: torch.Tensor) -> tuple[int, int]:
 
 
 def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two non-empty tensors on one device may share memory (their byte extents meet)."""
-    if a.device != b.device or a.numel() == 0 or b.numel() == 0 or a.device.type == "meta":
+    """Whether two non-empty tensors on one device may share memory (their byte extents meet).
+    Tensors without memory (meta, or torch.compile's fake tensors while it traces) never do:
+    the real call that follows the trace checks again."""
+    if a.device != b.device or a.numel() == 0 or b.numel() == 0 or not _has_memory(a, b):
         return False
     (a0, a1), (b0, b1) = _byte_span(a), _byte_span(b)
     return a0 < b1 and b0 < a1

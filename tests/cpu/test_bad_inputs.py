@@ -352,6 +352,20 @@ def test_fused_decode_op_fake_refuses_like_the_op():
         torch.ops.ws_lab.fused_decode(*meta, 0.125)
 
 
+def test_fused_decode_op_traces_under_fake_tensors():
+    """torch.compile traces the op with fake tensors, which have no addresses: its checks must
+    pass them (the aliasing checks run again on the real call), and its fake gives q's shape."""
+    from torch._subclasses import FakeTensorMode
+
+    from ws_lab.kernels.decode import fused_decode  # noqa: F401  (registers the op)
+
+    args, _ = _fused()
+    with FakeTensorMode() as mode:
+        fake = [mode.from_tensor(t) for t in args.values()]
+        out = torch.ops.ws_lab.fused_decode(*fake, 0.125)
+    assert isinstance(out, torch._subclasses.FakeTensor) and out.shape == args["q"].shape
+
+
 @pytest.mark.parametrize("logits, k, temperature, message", [
     (torch.randn(4, 8192), 50, 1.0, "needs a CUDA"),  # a CPU tensor without the interpreter
     ("interp", 0, 1.0, "1 ≤ k"),
