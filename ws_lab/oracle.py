@@ -56,8 +56,9 @@ def paged_attention_ref(q, k_cache, v_cache, block_table, context_lens, softmax_
     q (B, Hq, D); k_cache / v_cache (num_blocks, block_size, Hkv, D); block_table (B, max_blocks)
     int32; context_lens (B,) int32. Sequence b's token t lives in block block_table[b, t //
     block_size] at slot t % block_size. A length is clamped to [0, max_blocks · block_size]
-    (the kernels' contract) and an empty sequence attends to nothing: zeros. Returns (B, Hq, D)
-    float64.
+    (the kernels' contract) and an empty sequence attends to nothing: zeros. A sequence whose
+    context uses a block id outside [0, num_blocks) has no defined answer: NaN, as the kernels
+    give. Returns (B, Hq, D) float64.
     """
     batch, heads, head_dim = q.shape
     block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -75,11 +76,18 @@ def paged_attention_ref(q, k_cache, v_cache, block_table, context_lens, softmax_
         tokens = torch.arange(n, device=q.device)
         blocks = block_table[b, tokens // block_size].long()
         slots = tokens % block_size
+        if not _in_pool(blocks, k_cache.shape[0]):
+            out[b] = float("nan")
+            continue
         k = k_cache[blocks, slots].to(torch.float64).repeat_interleave(group, dim=1)  # n Hq D
         v = v_cache[blocks, slots].to(torch.float64).repeat_interleave(group, dim=1)
         scores = torch.einsum("hd,nhd->hn", q[b].to(torch.float64), k) * scale
         out[b] = torch.einsum("hn,nhd->hd", torch.softmax(scores, dim=-1), v)
     return out
+
+
+def _in_pool(blocks, num_blocks) -> bool:
+    return bool(((blocks >= 0) & (blocks < num_blocks)).all())
 
 
 def rope_ref(x, cos, sin):
@@ -95,33 +103,41 @@ def fused_decode_ref(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, sof
     ``positions[b]``), then attention of q over tokens [0, positions[b]].
 
     Static caches (B, Hkv, Lmax, D), or paged ones (num_blocks, block_size, Hkv, D) with
-    ``block_table``. The caches are not modified. Returns (out (B, Hq, D) float64, the rotated
-    k_new (B, Hkv, D) float64, the caches as the step leaves them)."""
+    ``block_table``. A position outside [0, capacity) writes nothing and gives a NaN row; a
+    block id outside the pool among tokens [0, position] gives a NaN row, and writes nothing
+    if it is the written slot's (the kernels' contract). The caches are not modified. Returns (out (B, Hq, D) float64, the rotated k_new (B, Hkv, D)
+    float64, the caches as the step leaves them)."""
     batch, heads, head_dim = q.shape
-    kv_heads = k_new.shape[1]
+    paged = block_table is not None
+    capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[2]
     pos = positions.long()
-    q_rot = rope_ref(q, cos[pos][:, None], sin[pos][:, None])
-    k_rot = rope_ref(k_new, cos[pos][:, None], sin[pos][:, None])
+    in_range = (pos >= 0) & (pos < capacity)
+    at = torch.where(in_range, pos, 0)  # RoPE's row; a bad position's row is NaN anyway
+    q_rot = rope_ref(q, cos[at][:, None], sin[at][:, None])
+    k_rot = rope_ref(k_new, cos[at][:, None], sin[at][:, None])
     k_after, v_after = k_cache.clone(), v_cache.clone()
+    # token rows of both layouts as [index tuple] -> (n, Hkv, D): (block, slot) or (b, token)
+    k_rows, v_rows = (k_after, v_after) if paged else (k_after.transpose(1, 2),
+                                                       v_after.transpose(1, 2))
+    reads = {}
     for b in range(batch):
-        p = int(pos[b])
-        if block_table is None:
-            k_after[b, :, p], v_after[b, :, p] = k_rot[b].to(k_cache.dtype), v_new[b]
-        else:
-            block, slot = int(block_table[b, p // k_cache.shape[1]]), p % k_cache.shape[1]
-            k_after[block, slot], v_after[block, slot] = k_rot[b].to(k_cache.dtype), v_new[b]
-    if block_table is None:
-        keys, values = k_after.transpose(1, 2), v_after.transpose(1, 2)  # (B, L, Hkv, D)
-    else:
-        keys = k_after[block_table.long()].flatten(1, 2)  # (B, max_blocks·bs, Hkv, D)
-        values = v_after[block_table.long()].flatten(1, 2)
+        if not in_range[b]:
+            continue  # a NaN row; nothing written
+        tokens = torch.arange(int(pos[b]) + 1, device=q.device)
+        where = ((block_table[b, tokens // k_cache.shape[1]].long(), tokens % k_cache.shape[1])
+                 if paged else (torch.full_like(tokens, b), tokens))
+        last = tuple(w[-1] for w in where)
+        if paged and not _in_pool(last[0], k_cache.shape[0]):
+            continue
+        k_rows[last], v_rows[last] = k_rot[b].to(k_cache.dtype), v_new[b]
+        if not paged or _in_pool(where[0], k_cache.shape[0]):
+            reads[b] = where
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
-    group = heads // kv_heads
-    out = torch.empty(batch, heads, head_dim, dtype=torch.float64, device=q.device)
-    for b in range(batch):
-        n = int(pos[b]) + 1
-        k = keys[b, :n].to(torch.float64).repeat_interleave(group, dim=1)  # n Hq D
-        v = values[b, :n].to(torch.float64).repeat_interleave(group, dim=1)
+    group = heads // k_new.shape[1]
+    out = torch.full((batch, heads, head_dim), float("nan"), dtype=torch.float64, device=q.device)
+    for b, where in reads.items():
+        k = k_rows[where].to(torch.float64).repeat_interleave(group, dim=1)  # n Hq D
+        v = v_rows[where].to(torch.float64).repeat_interleave(group, dim=1)
         scores = torch.einsum("hd,nhd->hn", q_rot[b], k) * scale
         out[b] = torch.einsum("hn,nhd->hd", torch.softmax(scores, dim=-1), v)
     return out, k_rot, (k_after, v_after)

@@ -207,20 +207,22 @@ __device__ __forceinline__ bool merge_warps(WarpState<D>& st, float* scratch, Ro
     top_lo = fmaxf(top_lo, ms[w * 16 + g]);
     top_hi = fmaxf(top_hi, ms[w * 16 + g + 8]);
   }
-  auto weight = [](float m_w, float m) { return m == -INFINITY ? 0.f : exp2f(m_w - m); };
+  // A warp that saw no token of a row (l = 0) weighs 0; a NaN l (a non-finite input) weighs
+  // NaN, so the row comes out NaN rather than zeros.
+  auto weight = [](float l_w, float m_w, float m) { return l_w == 0.f ? 0.f : exp2f(m_w - m); };
   float w_lo[NW], w_hi[NW];
-  w_lo[0] = weight(st.m_lo, top_lo);
-  w_hi[0] = weight(st.m_hi, top_hi);
+  w_lo[0] = weight(st.l_lo, st.m_lo, top_lo);
+  w_hi[0] = weight(st.l_hi, st.m_hi, top_hi);
   float sum_lo = st.l_lo * w_lo[0], sum_hi = st.l_hi * w_hi[0];
 #pragma unroll
   for (int w = 1; w < NW; ++w) {
-    w_lo[w] = weight(ms[w * 16 + g], top_lo);
-    w_hi[w] = weight(ms[w * 16 + g + 8], top_hi);
+    w_lo[w] = weight(ls[w * 16 + g], ms[w * 16 + g], top_lo);
+    w_hi[w] = weight(ls[w * 16 + g + 8], ms[w * 16 + g + 8], top_hi);
     sum_lo += ls[w * 16 + g] * w_lo[w];
     sum_hi += ls[w * 16 + g + 8] * w_hi[w];
   }
-  const float inv_lo = sum_lo > 0.f ? 1.f / sum_lo : 0.f;
-  const float inv_hi = sum_hi > 0.f ? 1.f / sum_hi : 0.f;
+  const float inv_lo = sum_lo != 0.f ? 1.f / sum_lo : 0.f;
+  const float inv_hi = sum_hi != 0.f ? 1.f / sum_hi : 0.f;
 #pragma unroll
   for (int w = 0; w < NW; ++w) {
     w_lo[w] *= inv_lo;

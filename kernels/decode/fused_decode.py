@@ -29,8 +29,10 @@ wait, each program of the static layout asks the L2 for its segment's cache rows
 context was written by earlier steps): Qwen2.5-0.5B's decode step, B 64, 0.957 → 0.952 ms
 (notes/rollout.md, Session 20).
 
-Positions are clamped in the kernel to [0, capacity − 1]; ``check_positions=True`` refuses an
-out-of-range position on the host instead (it synchronizes).
+A position outside [0, capacity), or (paged) a block id outside the pool among the row's
+tokens, writes nothing and gives that sequence NaN rows: nothing outside a buffer is touched.
+``check_positions=True`` refuses an out-of-range position on the host instead (it
+synchronizes). Non-finite inputs give NaN in exactly the rows they reach.
 
 Static calls at the rollout's shape (D 64, B·Hkv ≥ 3/4 of the SMs, capacity ≤ 512, sm_90+) run
 the hand-written CUDA kernel instead (``fused_decode_cuda.supports`` and ``heuristics.fused_prefers_cuda``; same contract, same
@@ -54,7 +56,8 @@ from ws_lab.kernels import LOG2E
 from ws_lab.kernels.decode import fused_decode_cuda, heuristics
 from ws_lab.kernels.decode.triton_common import (MIN_DOT_ROWS, arrival_counters,
                                                  bulk_prefetch_l2, has_pdl, merge_chunk,
-                                                 sm_count, store_partials)
+                                                 in_pool, outside_pool, sm_count,
+                                                 store_partials)
 
 BACKENDS = ("auto", "triton", "cuda")
 
@@ -76,8 +79,12 @@ def _rotate(X, d, cos, sin, HALF: tl.constexpr, D: tl.constexpr, mask):
 
 @triton.jit
 def _position(Positions, b, capacity):
-    """Sequence b's position, clamped to [0, capacity − 1]."""
-    return tl.minimum(tl.maximum(tl.load(Positions + b), 0), capacity - 1)
+    """(position, in range): sequence b's position, or 0 where it lies outside [0, capacity),
+    with ``in range`` false: such a row writes nothing and comes out NaN, so no position
+    reaches past the cache (notes/fused_decode.md, "Session 33")."""
+    pos = tl.load(Positions + b)
+    ok = (pos >= 0) & (pos < capacity)
+    return tl.where(ok, pos, 0), ok
 
 
 @triton.jit
@@ -98,7 +105,7 @@ def _prefetch_segment(KCache, VCache, Positions, b, kvh, seg, n_seg, n_kv_heads,
     written by earlier steps, so its DRAM latency overlaps the kernel before. A hint only: the
     position it reads may still be being written by the kernel before (the kernel reads it
     again after the wait), so nothing here reaches the result."""
-    lo, hi = _segment(_position(Positions, b, capacity), seg, n_seg, TILE_N)
+    lo, hi = _segment(_position(Positions, b, capacity)[0], seg, n_seg, TILE_N)
     if hi > lo:
         run = ((b * n_kv_heads + kvh).to(tl.int64) * capacity + lo) * D
         nbytes = (hi - lo) * D * (KCache.dtype.element_ty.primitive_bitwidth // 8)
@@ -107,19 +114,32 @@ def _prefetch_segment(KCache, VCache, Positions, b, kvh, seg, n_seg, n_kv_heads,
 
 
 @triton.jit
-def _token_offsets(BlockTable, b, kvh, tokens, valid, n_kv_heads, capacity, stride_bt,
-                   PAGED: tl.constexpr, BLOCK_SIZE: tl.constexpr, D: tl.constexpr):
-    """Element offset of each token's row in the cache (int64)."""
+def _token_offsets(BlockTable, b, kvh, tokens, valid, n_kv_heads, capacity, num_blocks,
+                   stride_bt, PAGED: tl.constexpr, BLOCK_SIZE: tl.constexpr, D: tl.constexpr):
+    """Element offset of each token's row in the cache (int64); a paged block id outside the
+    pool reads block 0 (``in_pool``; the row is made NaN apart)."""
     if PAGED:
-        block = tl.load(BlockTable + b * stride_bt + tokens // BLOCK_SIZE, mask=valid, other=0)
+        block = in_pool(tl.load(BlockTable + b * stride_bt + tokens // BLOCK_SIZE, mask=valid,
+                                other=0), num_blocks)
         return ((block.to(tl.int64) * BLOCK_SIZE + tokens % BLOCK_SIZE) * n_kv_heads + kvh) * D
     return ((b * n_kv_heads + kvh).to(tl.int64) * capacity + tokens) * D
 
 
 @triton.jit
+def _writable(BlockTable, b, pos, pos_ok, num_blocks, stride_bt, PAGED: tl.constexpr,
+              BLOCK_SIZE: tl.constexpr):
+    """Whether the new token's slot exists: its position in range and (paged) its block id in
+    the pool. Else nothing is written and the row comes out NaN."""
+    if PAGED:
+        block = tl.load(BlockTable + b * stride_bt + pos // BLOCK_SIZE)
+        return pos_ok & (block >= 0) & (block < num_blocks)
+    return pos_ok
+
+
+@triton.jit
 def _fused_decode_kernel(Q, KNew, VNew, KCache, VCache, Cos, Sin, Positions, BlockTable, Out,
                          MScratch, LScratch, AccScratch, Arrivals, scale_log2, capacity,
-                         n_q_heads, n_kv_heads, stride_bt, stride_qb,
+                         num_blocks, n_q_heads, n_kv_heads, stride_bt, stride_qb,
                          stride_knb, stride_vnb,
                          GROUP: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr,
                          TILE_N: tl.constexpr, PAGED: tl.constexpr, BLOCK_SIZE: tl.constexpr,
@@ -135,7 +155,7 @@ def _fused_decode_kernel(Q, KNew, VNew, KCache, VCache, Cos, Sin, Positions, Blo
                           D, TILE_N)
     if PDL:
         gdc_wait()  # launched early (programmatic dependent launch): q/k/v's writer first
-    pos = _position(Positions, b, capacity)
+    pos, pos_ok = _position(Positions, b, capacity)
     d = tl.arange(0, D)
     cos = tl.load(Cos + pos.to(tl.int64) * D + d).to(tl.float32)
     sin = tl.load(Sin + pos.to(tl.int64) * D + d).to(tl.float32)
@@ -152,23 +172,26 @@ def _fused_decode_kernel(Q, KNew, VNew, KCache, VCache, Cos, Sin, Positions, Blo
 
     lo, hi = _segment(pos, seg, n_seg, TILE_N)  # cache tokens < pos; the new one comes below
     if seg == 0:
-        slot = _token_offsets(BlockTable, b, kvh, pos, pos >= 0, n_kv_heads, capacity,
-                              stride_bt, PAGED, BLOCK_SIZE, D)
-        tl.store(KCache + slot + d, k_new)
-        tl.store(VCache + slot + d, v_new.to(VCache.dtype.element_ty))
+        slot = _token_offsets(BlockTable, b, kvh, pos, pos_ok, n_kv_heads, capacity,
+                              num_blocks, stride_bt, PAGED, BLOCK_SIZE, D)
+        write = _writable(BlockTable, b, pos, pos_ok, num_blocks, stride_bt, PAGED, BLOCK_SIZE)
+        row_ok = d < tl.where(write, D, 0)  # a vector mask (the interpreter's stores need one)
+        tl.store(KCache + slot + d, k_new, mask=row_ok)
+        tl.store(VCache + slot + d, v_new.to(VCache.dtype.element_ty), mask=row_ok)
         # the new token opens the softmax state: m = its score, l = 1, O = its value
         m = tl.sum(q.to(tl.float32) * k_new.to(tl.float32)[None, :], axis=1) * scale_log2
-        l = tl.full([G_PAD], 1.0, tl.float32)
+        l = tl.where(write, tl.full([G_PAD], 1.0, tl.float32), float("nan"))
         acc = tl.zeros([G_PAD, D], tl.float32) + v_new.to(tl.float32)[None, :]
     else:
         m = tl.full([G_PAD], float("-inf"), tl.float32)
+        # a bad position's other segments are empty (pos 0); segment 0 poisons the row
         l = tl.zeros([G_PAD], tl.float32)
         acc = tl.zeros([G_PAD, D], tl.float32)
     for start in range(lo, hi, TILE_N):
         tokens = start + tl.arange(0, TILE_N)
         valid = tokens < hi
         offs = _token_offsets(BlockTable, b, kvh, tokens, valid, n_kv_heads, capacity,
-                              stride_bt, PAGED, BLOCK_SIZE, D)
+                              num_blocks, stride_bt, PAGED, BLOCK_SIZE, D)
         k = tl.load(KCache + offs[:, None] + d[None, :], mask=valid[:, None], other=0.0)
         s = tl.dot(q, tl.trans(k))
         s = tl.where(valid[None, :], s * scale_log2, float("-inf"))
@@ -179,6 +202,8 @@ def _fused_decode_kernel(Q, KNew, VNew, KCache, VCache, Cos, Sin, Positions, Blo
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         l = l * alpha + tl.sum(p, axis=1)
         m = m_new
+    if PAGED:
+        l = outside_pool(l, BlockTable + b * stride_bt, lo, hi, num_blocks, BLOCK_SIZE)
     if PDL:
         gdc_launch_dependents()  # after the loop, as kernels/decode/paged.py (measured there)
     g_ok = g < GROUP
@@ -390,7 +415,7 @@ def _launch(q, k_new, v_new, k_cache, v_cache, cos, sin, positions, block_table,
     _fused_decode_kernel[(batch, kv_heads, n_seg)](
         q, k_new, v_new, k_cache, v_cache, cos, sin, positions,
         block_table if paged else no_table, out, m_scratch, l_scratch, acc_scratch, arrivals,
-        scale * LOG2E, capacity, heads, kv_heads,
+        scale * LOG2E, capacity, k_cache.shape[0], heads, kv_heads,
         block_table.stride(0) if paged else 0, q.stride(0), k_new.stride(0), v_new.stride(0),
         **_meta(the_plan, heads // kv_heads, head_dim, paged,
                 k_cache.shape[1] if paged else 1, pdl,

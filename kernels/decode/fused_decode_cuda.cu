@@ -85,7 +85,7 @@ template <typename T, int D> struct NewToken {
   // q's piece (rotated, or zero past the group) into its swizzled slot of `qs`; the new k's
   // (rotated) and v's into the cache at `pos` and, as rounded to T, into k_new_s / v_new_s.
   __device__ __forceinline__ void store(uint8_t* qs, T* k_row, T* v_row, float* k_new_s,
-                                        float* v_new_s) const {
+                                        float* v_new_s, bool write_cache) const {
     if (threadIdx.x >= THREADS) return;
     const T* xs = reinterpret_cast<const T*>(&x);
     const T* ps = reinterpret_cast<const T*>(&partner);
@@ -106,7 +106,7 @@ template <typename T, int D> struct NewToken {
       *reinterpret_cast<uint4*>(qs + swizzle<ROW_BYTES>(row, p)) = out;
       return;
     }
-    *reinterpret_cast<uint4*>((is_k ? k_row : v_row) + p * 8) = out;
+    if (write_cache) *reinterpret_cast<uint4*>((is_k ? k_row : v_row) + p * 8) = out;
     float* dst = (is_k ? k_new_s : v_new_s) + p * 8;
 #pragma unroll
     for (int e = 0; e < 8; ++e) dst[e] = Elem<T>::to_float(o[e]);
@@ -139,7 +139,11 @@ __device__ __forceinline__ void fused(const Params<T>& a) {
   // gained 2 µs, inside the rounds' spread (notes/rollout.md, Session 25).
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
-  const int pos = min(max(a.positions[b], 0), a.capacity - 1);
+  // A position outside [0, capacity) writes nothing and its rows come out NaN (warp 0's l,
+  // below); the kernel then reads as if at position 0, inside every buffer.
+  const int wanted = a.positions[b];
+  const bool pos_ok = wanted >= 0 && wanted < a.capacity;
+  const int pos = pos_ok ? wanted : 0;
   const int n_steps = (pos + CPS * CHUNK - 1) / (CPS * CHUNK);
   const int my_steps = n_steps > warp ? (n_steps - warp + NW - 1) / NW : 0;
   // The context is read once a step: evict_first keeps it from pushing the weights that the
@@ -171,7 +175,8 @@ __device__ __forceinline__ void fused(const Params<T>& a) {
 #pragma unroll
   for (int s = 0; s < STAGES; ++s) issue(s);  // every slot: a whole context of ≤ NW·STAGES chunks
 
-  token.store(qs, k_rows + (long long)pos * D, v_rows + (long long)pos * D, k_new_s, v_new_s);
+  token.store(qs, k_rows + (long long)pos * D, v_rows + (long long)pos * D, k_new_s, v_new_s,
+              pos_ok);
   __syncthreads();
 
   const int mat = lane >> 3, mrow = lane & 7;  // the ldmatrix 8×8 this lane addresses
@@ -199,7 +204,8 @@ __device__ __forceinline__ void fused(const Params<T>& a) {
     }
     st.m_lo = s_lo * a.scale_log2;
     st.m_hi = s_hi * a.scale_log2;
-    st.l_lo = st.l_hi = t == 0 ? 1.f : 0.f;  // per-lane partial sums, added up over the row's lanes
+    // per-lane partial sums, added up over the row's lanes; NaN for a position out of range
+    st.l_lo = st.l_hi = t == 0 ? (pos_ok ? 1.f : NAN) : 0.f;
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
       st.o[n][0] = st.o[n][2] = v_new_s[8 * n + 2 * t];

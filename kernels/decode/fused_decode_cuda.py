@@ -13,8 +13,8 @@ Scope (``supports``): static caches, fp16 / bf16, D 64, query groups of ≤ 16 h
 q's dtype, sm_90+ (it waits with ``griddepcontrol`` and launches with PDL), capacity ≤ 512
 tokens (measured at 456; longer contexts keep the Triton kernel's segments), q / k_new / v_new / the caches / cos / sin
 on 16-byte boundaries with batch strides of whole 16-byte pieces (the prologue loads 16-byte
-pieces), nvcc on PATH or the cubin cached. Positions are clamped to [0, capacity − 1] in the
-kernel, as in the Triton kernel. ``backend="auto"`` takes it only where B·Hkv ≥ 3/4 of the
+pieces), nvcc on PATH or the cubin cached. A position outside [0, capacity) writes nothing and
+gives NaN rows, as in the Triton kernel. ``backend="auto"`` takes it only where B·Hkv ≥ 3/4 of the
 SMs (``heuristics.fused_prefers_cuda``: one CTA per (sequence, KV head) must fill the GPU).
 """
 import ctypes

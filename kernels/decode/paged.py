@@ -44,7 +44,8 @@ from ws_lab.kernels import LOG2E
 from ws_lab.kernels.decode import heuristics, paged_cuda
 from ws_lab.kernels.decode.heuristics import DEFAULTS, LaunchConfig
 from ws_lab.kernels.decode.triton_common import (MIN_DOT_ROWS, arrival_counters, has_pdl,
-                                                 merge_chunk, merge_heads, sm_count,
+                                                 merge_chunk, merge_heads, in_pool,
+                                                 outside_pool, sm_count,
                                                  store_partials)
 
 BACKENDS = ("auto", "triton", "cuda")
@@ -71,12 +72,15 @@ def _context_len(ContextLens, b, max_tokens):
 
 
 @triton.jit
-def _token_slots(block_table_row, tokens, n_ctx, BLOCK_SIZE: tl.constexpr, WIDE: tl.constexpr):
+def _token_slots(block_table_row, tokens, n_ctx, num_blocks, BLOCK_SIZE: tl.constexpr,
+                 WIDE: tl.constexpr):
     """(physical block, slot, valid) of each token; tokens >= n_ctx read block 0 and are masked.
-    WIDE: element offsets into the cache need 64 bits (else 32-bit offset tiles: half the
-    registers of 64-bit ones)."""
+    A block id outside [0, num_blocks) reads block 0 instead (``in_pool``), and
+    ``outside_pool`` makes the row NaN. WIDE: element offsets into the cache need 64 bits (else
+    32-bit offset tiles: half the registers of 64-bit ones)."""
     valid = tokens < n_ctx
-    block = tl.load(block_table_row + tokens // BLOCK_SIZE, mask=valid, other=0)
+    block = in_pool(tl.load(block_table_row + tokens // BLOCK_SIZE, mask=valid, other=0),
+                    num_blocks)
     if WIDE:
         block = block.to(tl.int64)
     return block, tokens % BLOCK_SIZE, valid
@@ -84,11 +88,11 @@ def _token_slots(block_table_row, tokens, n_ctx, BLOCK_SIZE: tl.constexpr, WIDE:
 
 @triton.jit
 def _decode_v1_kernel(Q, K, V, BlockTable, ContextLens, Out, scale_log2,
-                      max_tokens, stride_qb, stride_qh, stride_kb, stride_ks, stride_kh,
+                      max_tokens, num_blocks, stride_qb, stride_qh, stride_kb, stride_ks, stride_kh,
                       stride_vb, stride_vs, stride_vh, stride_bt, stride_ob, stride_oh,
                       GROUP: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
                       BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, WIDE: tl.constexpr):
-    b = tl.program_id(0)
+    b = tl.program_id(0).to(tl.int64)  # q and out may have batch strides near 2^31
     h = tl.program_id(1)
     kvh = h // GROUP
     n_ctx = _context_len(ContextLens, b, max_tokens)
@@ -100,8 +104,8 @@ def _decode_v1_kernel(Q, K, V, BlockTable, ContextLens, Out, scale_log2,
     acc = tl.zeros([D_PAD], tl.float32)
     for start in range(0, n_ctx, TILE):
         tokens = start + tl.arange(0, TILE)
-        block, slot, valid = _token_slots(BlockTable + b * stride_bt, tokens, n_ctx, BLOCK_SIZE,
-                                          WIDE)
+        block, slot, valid = _token_slots(BlockTable + b * stride_bt, tokens, n_ctx, num_blocks,
+                                          BLOCK_SIZE, WIDE)
         rows_k = block * stride_kb + slot * stride_ks
         rows_v = block * stride_vb + slot * stride_vs
         mask = valid[:, None] & d_ok[None, :]
@@ -115,13 +119,15 @@ def _decode_v1_kernel(Q, K, V, BlockTable, ContextLens, Out, scale_log2,
         acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
         l = l * alpha + tl.sum(p, axis=0)
         m = m_new
-    out = tl.where(l > 0, acc / l, 0.0)  # an empty context attends to nothing: zeros
+    l = outside_pool(l, BlockTable + b * stride_bt, 0, n_ctx, num_blocks, BLOCK_SIZE)
+    # an empty context (l = 0) attends to nothing: zeros; a NaN l (non-finite input) stays NaN
+    out = tl.where(l != 0, acc / l, 0.0)
     tl.store(Out + b * stride_ob + h * stride_oh + d, out.to(Out.dtype.element_ty), mask=d_ok)
 
 
 @triton.jit
 def _decode_gqa_kernel(Q, K, V, BlockTable, ContextLens, Out, MScratch, LScratch, AccScratch,
-                       Arrivals, scale_log2, segment_tokens, max_tokens,
+                       Arrivals, scale_log2, segment_tokens, max_tokens, num_blocks,
                        stride_qb, stride_qh, stride_kb, stride_ks, stride_kh,
                        stride_vb, stride_vs, stride_vh, stride_bt, stride_ob, stride_oh,
                        GROUP: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr,
@@ -131,7 +137,7 @@ def _decode_gqa_kernel(Q, K, V, BlockTable, ContextLens, Out, MScratch, LScratch
                        MERGE_HEADS: tl.constexpr, PDL: tl.constexpr):
     if PDL:
         gdc_wait()  # launched early (programmatic dependent launch): the inputs' writer first
-    b = tl.program_id(0)
+    b = tl.program_id(0).to(tl.int64)  # q and out may have batch strides near 2^31
     kvh = tl.program_id(1)
     seg = tl.program_id(2)
     n_ctx = _context_len(ContextLens, b, max_tokens)
@@ -149,8 +155,8 @@ def _decode_gqa_kernel(Q, K, V, BlockTable, ContextLens, Out, MScratch, LScratch
     acc = tl.zeros([G_PAD, D_PAD], tl.float32)
     for start in range(lo, hi, TILE):
         tokens = start + tl.arange(0, TILE)
-        block, slot, valid = _token_slots(BlockTable + b * stride_bt, tokens, hi, BLOCK_SIZE,
-                                          WIDE)
+        block, slot, valid = _token_slots(BlockTable + b * stride_bt, tokens, hi, num_blocks,
+                                          BLOCK_SIZE, WIDE)
         rows_k = block * stride_kb + slot * stride_ks
         rows_v = block * stride_vb + slot * stride_vs
         mask = valid[:, None] & d_ok[None, :]
@@ -171,6 +177,7 @@ def _decode_gqa_kernel(Q, K, V, BlockTable, ContextLens, Out, MScratch, LScratch
         acc = acc * alpha[:, None] + pv
         l = l * alpha + tl.sum(p, axis=1)
         m = m_new
+    l = outside_pool(l, BlockTable + b * stride_bt, lo, hi, num_blocks, BLOCK_SIZE)
     if PDL:
         # The next grid may launch now: it waits for this one to finish before it reads. Not
         # at the top: there, measured, the early grid took 12 % off the two-wave gqa rows.
@@ -182,7 +189,7 @@ def _decode_gqa_kernel(Q, K, V, BlockTable, ContextLens, Out, MScratch, LScratch
                         stride_ob, stride_oh, GROUP, D, D_PAD, SEG_PAD, MERGE_HEADS,
                         MERGE_IN_KERNEL)
     else:
-        out = tl.where(l[:, None] > 0, acc / l[:, None], 0.0)  # empty context: zeros
+        out = tl.where(l[:, None] != 0, acc / l[:, None], 0.0)  # empty context: zeros
         tl.store(Out + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
                  out.to(Out.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
 
@@ -375,11 +382,12 @@ def paged_attention(q, k_cache, v_cache, block_table, context_lens, *, backend="
     ``heuristics`` prefers it). ``mode``: the Triton kernel (v1 / gqa / split_k, or "auto":
     ``heuristics.choose_mode``). ``config`` overrides the Triton mode's launch config (tuning).
     Shapes, dtypes, devices, layouts and ``out`` are checked once, before any launch. Values are
-    not, unless ``check_indices=True`` (a host check that synchronizes): the contract is that
-    the first ceil(len / block_size) ids of each row of the table lie in [0, num_blocks) — an id
-    outside reads outside the cache. Lengths are clamped in the kernel to [0, max_blocks ·
-    block_size], so no length reads past its row of the table; a sequence of length 0 gets
-    zeros. B = 0 returns an empty result without a launch."""
+    not, unless ``check_indices=True`` (a host check that synchronizes, refusing an id outside
+    the pool). In the kernels, an id outside [0, num_blocks) among a sequence's first
+    ceil(len / block_size) is not read and gives that sequence NaN rows; lengths are clamped to
+    [0, max_blocks · block_size], so no length reads past its row of the table; a sequence of
+    length 0 gets zeros, and a non-finite q, k or v gives NaN in exactly the rows it reaches.
+    B = 0 returns an empty result without a launch."""
     scale = _validate(q, k_cache, v_cache, block_table, context_lens, backend, mode,
                       softmax_scale, out, config)
     num_blocks, block_size = k_cache.shape[:2]
@@ -416,7 +424,7 @@ def gqa_meta(the_plan: PagedPlan, group, head_dim, block_size, ieee, wide, pdl) 
 def _launch_triton(the_plan: PagedPlan, q, k_cache, v_cache, block_table, context_lens, out,
                    scale):
     batch, heads, head_dim = q.shape
-    block_size, kv_heads = k_cache.shape[1:3]
+    num_blocks, block_size, kv_heads = k_cache.shape[:3]
     group = heads // kv_heads
     max_tokens = block_table.shape[1] * block_size
     config, tile = the_plan.config, the_plan.tile
@@ -428,7 +436,8 @@ def _launch_triton(the_plan: PagedPlan, q, k_cache, v_cache, block_table, contex
     pdl = has_pdl(q.device)
     if the_plan.kernel == "v1":
         _decode_v1_kernel[(batch, heads)](q, k_cache, v_cache, block_table, context_lens, out,
-                                          scale * LOG2E, max_tokens, *common, GROUP=group,
+                                          scale * LOG2E, max_tokens, num_blocks, *common,
+                                          GROUP=group,
                                           D=head_dim, D_PAD=d_pad, BLOCK_SIZE=block_size,
                                           TILE=tile, WIDE=wide, num_warps=config.num_warps,
                                           num_stages=config.num_stages)
@@ -440,8 +449,8 @@ def _launch_triton(the_plan: PagedPlan, q, k_cache, v_cache, block_table, contex
         no_scratch, no_counters = out, block_table
         _decode_gqa_kernel[(batch, kv_heads, 1)](
             q, k_cache, v_cache, block_table, context_lens, out, no_scratch, no_scratch,
-            no_scratch, no_counters, scale * LOG2E, max_tokens, max_tokens, *common, **meta,
-            **launch)
+            no_scratch, no_counters, scale * LOG2E, max_tokens, max_tokens, num_blocks, *common,
+            **meta, **launch)
         return out
     n_seg, in_kernel = the_plan.segments, the_plan.merge_in_kernel
     seg_pad = meta["SEG_PAD"]
@@ -452,7 +461,8 @@ def _launch_triton(the_plan: PagedPlan, q, k_cache, v_cache, block_table, contex
     arrivals = arrival_counters(q.device, batch * kv_heads) if in_kernel else block_table
     _decode_gqa_kernel[(batch, kv_heads, n_seg)](
         q, k_cache, v_cache, block_table, context_lens, out, m_scratch, l_scratch, acc_scratch,
-        arrivals, scale * LOG2E, the_plan.segment_tokens, max_tokens, *common, **meta, **launch)
+        arrivals, scale * LOG2E, the_plan.segment_tokens, max_tokens, num_blocks, *common,
+        **meta, **launch)
     if not in_kernel:
         _split_reduce_kernel[(batch, heads)](m_scratch, l_scratch, acc_scratch, out, n_seg,
                                              out.stride(0), out.stride(1), D=head_dim,

@@ -65,10 +65,16 @@ __device__ __forceinline__ int dynamic_smem_bytes() {
 template <typename T> struct Params {
   const T* q; const T* k_cache; const T* v_cache; const int* block_table; const int* context_lens;
   T* out; float* m_part; float* l_part; float* o_part;
-  float scale_log2; int group; int max_blocks; int blocks_per_seg;
+  float scale_log2; int group; int max_blocks; int blocks_per_seg; int num_blocks;
   long long stride_qb, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
       stride_vh, stride_bt, stride_ob, stride_oh;
 };
+
+// A table entry as the walk uses it: an id outside the pool [0, num_blocks) becomes num_blocks,
+// which no load reads and which poisons its row (NaN; notes/triton.md, "Session 33, later").
+__device__ __forceinline__ int pool_id(int id, int num_blocks) {
+  return static_cast<unsigned>(id) < static_cast<unsigned>(num_blocks) ? id : num_blocks;
+}
 
 // The CTA's walk past its prologue in ascending physical block id: ids[0, n) holds the table's
 // ids (read() puts them there) and sort() leaves them in ascending order, in place. A counting
@@ -105,13 +111,13 @@ struct WalkSort {
       : ids(ids), by_bucket(scratch), count(scratch + n),
         part(scratch + n + (1 << log_buckets(n))), n(n) {}
 
-  __device__ __forceinline__ void read(const int* table) {
+  __device__ __forceinline__ void read(const int* table, int num_blocks) {
     for (int base = 0; base < n; base += BATCH * NT) {
       int v[BATCH];
 #pragma unroll
       for (int u = 0; u < BATCH; ++u) {
         const int i = base + u * NT + threadIdx.x;
-        v[u] = i < n ? __ldg(table + i) : 0;
+        v[u] = i < n ? pool_id(__ldg(table + i), num_blocks) : 0;
       }
 #pragma unroll
       for (int u = 0; u < BATCH; ++u) {
@@ -235,15 +241,17 @@ __device__ __forceinline__ void decode(const Params<T>& a) {
       dynamic_smem_bytes() >= RINGS + 4 * (cta_slots + Sort::scratch_ints(cta_slots));
   const int head = (sort_ahead ? STAGES : STAGES - 1) * BPS, cta_head = NW * head;
   auto position = [&](int k) { return ((k / BPS) * NW + warp) * BPS + k % BPS; };
-  int ids = lane < min(n_valid, head) ? __ldg(table_row + blk0 + position(lane)) : 0;  // 32 slots
+  int ids = lane < min(n_valid, head)  // 32 slots
+                ? pool_id(__ldg(table_row + blk0 + position(lane)), a.num_blocks) : 0;
   // The rest of the walk is sorted by the whole CTA, the segment's partial last block in place.
   const int n_blocks = max(blk1 - blk0, 0), n_sorted = n_blocks - (limit < blk1 * BS);
   int* last_stage = reinterpret_cast<int*>(smem + (STAGES - 1) * NW * SLOT);
   Sort walk(order + cta_head, sort_ahead ? order + cta_slots : last_stage,
             max(n_sorted - cta_head, 0));
-  walk.read(table_row + blk0 + cta_head);
+  walk.read(table_row + blk0 + cta_head, a.num_blocks);
   if (lane < min(n_valid, head)) order[position(lane)] = ids;
   int window = 0;
+  bool outside = false;  // this thread met a block of the context outside the pool
 
   auto issue = [&](int step) {
     if (step < my_steps) {
@@ -256,6 +264,8 @@ __device__ __forceinline__ void decode(const Params<T>& a) {
       for (int j = 0; j < BPS; ++j) {
         const int blk = first_block(step) + j;
         const long long id = __shfl_sync(FULL_MASK, ids, (step * BPS + j) % 32);
+        const bool in_pool = id < a.num_blocks;
+        outside |= !in_pool && blk * BS < limit;
         const T* k_rows = a.k_cache + id * a.stride_kb + kvh * a.stride_kh;
         const T* v_rows = a.v_cache + id * a.stride_vb + kvh * a.stride_vh;
         const uint32_t k_dst = smem_u32(slot + j * BLK_BYTES);
@@ -263,7 +273,7 @@ __device__ __forceinline__ void decode(const Params<T>& a) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) {  // 16 rows × 16 chunks of 16 B over 32 lanes
           const int idx = lane + 32 * i, row = idx >> 4, chunk = idx & 15;
-          const bool in_context = blk * BS + row < limit;
+          const bool in_context = in_pool && blk * BS + row < limit;
           cp_async16(k_dst + swizzle<ROW_BYTES>(row, chunk), k_rows + row * a.stride_ks + chunk * 8,
                      in_context);
           cp_async16(v_dst + swizzle<ROW_BYTES>(row, chunk), v_rows + row * a.stride_vs + chunk * 8,
@@ -292,7 +302,7 @@ __device__ __forceinline__ void decode(const Params<T>& a) {
   if (sort_ahead) issue(STAGES - 1);
   if (walk.n > 0) walk.sort();
   if (n_sorted < n_blocks && n_sorted >= cta_head && threadIdx.x == 0)
-    order[n_sorted] = __ldg(table_row + blk0 + n_sorted);
+    order[n_sorted] = pool_id(__ldg(table_row + blk0 + n_sorted), a.num_blocks);
   __syncthreads();
   ids = lane < n_valid ? order[position(lane)] : 0;
   if (!sort_ahead) issue(STAGES - 1);
@@ -318,6 +328,8 @@ __device__ __forceinline__ void decode(const Params<T>& a) {
                            a.scale_log2);
   }
 
+  // A block outside the pool makes the segment's rows NaN: l = NaN survives every merge.
+  if (__syncthreads_or(outside)) st.l_lo = st.l_hi = NAN;
   // The warps meet in shared memory (the rings are free by then); warp 0 writes the rows.
   RowStats rows;
   if (!merge_warps<D, NW>(st, reinterpret_cast<float*>(smem), rows)) return;
@@ -365,16 +377,16 @@ __device__ __forceinline__ void merge(const float* m_part, const float* l_part,
   const float* l = l_part + (long long)bh * n_seg;
   float m_max = -INFINITY;
   for (int s = 0; s < n_seg; ++s) m_max = fmaxf(m_max, m[s]);
+  // An empty segment (l = 0) weighs nothing and a sequence of none gets zeros; a NaN l (a
+  // non-finite input, a block outside the pool) weighs NaN, so its row stays NaN.
   float total = 0.f, acc = 0.f;
-  if (m_max != -INFINITY) {
-    for (int s = 0; s < n_seg; ++s) {
-      const float w = l[s] * exp2f(m[s] - m_max);
-      total += w;
-      acc += w * o_part[((long long)bh * n_seg + s) * D + d];
-    }
+  for (int s = 0; s < n_seg; ++s) {
+    const float w = l[s] == 0.f ? 0.f : l[s] * exp2f(m[s] - m_max);
+    total += w;
+    acc += w * o_part[((long long)bh * n_seg + s) * D + d];
   }
   out[(bh / heads) * stride_ob + (bh % heads) * stride_oh + d] =
-      Elem<T>::from_float(total > 0.f ? acc / total : 0.f);
+      Elem<T>::from_float(total != 0.f ? acc / total : 0.f);
 }
 }  // namespace
 

@@ -164,7 +164,7 @@ def paged_attention(q, k_cache, v_cache, block_table, context_lens, out, scale, 
         parts = no_partials
     params = Params(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
                     block_table.data_ptr(), context_lens.data_ptr(), out.data_ptr(), *parts,
-                    scale * LOG2E, heads // kv_heads, max_blocks, per_seg,
+                    scale * LOG2E, heads // kv_heads, max_blocks, per_seg, k_cache.shape[0],
                     q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
                     block_table.stride(0), out.stride(0), out.stride(1))
     SOURCE.launch(q.device, cfg.kernel_name(q.dtype), (n_seg, kv_heads, batch),
@@ -187,7 +187,8 @@ class Params(ctypes.Structure):
                                                  "context_lens", "out", "m_part", "l_part",
                                                  "o_part")]
                 + [("scale_log2", ctypes.c_float), ("group", ctypes.c_int),
-                   ("max_blocks", ctypes.c_int), ("blocks_per_seg", ctypes.c_int)]
+                   ("max_blocks", ctypes.c_int), ("blocks_per_seg", ctypes.c_int),
+                   ("num_blocks", ctypes.c_int)]
                 + [(n, ctypes.c_longlong) for n in (
                     "stride_qb", "stride_qh", "stride_kb", "stride_ks", "stride_kh", "stride_vb",
                     "stride_vs", "stride_vh", "stride_bt", "stride_ob", "stride_oh")])

@@ -7,6 +7,27 @@ import triton
 import triton.language as tl
 
 MIN_DOT_ROWS = 16  # tl.dot needs M >= 16
+SCAN_COLUMNS: tl.constexpr = tl.constexpr(128)  # table entries a step of ``outside_pool``
+
+
+@triton.jit
+def in_pool(block, num_blocks):
+    """Block ids as a kernel reads them: one outside [0, num_blocks) becomes block 0, so no load
+    leaves the pool; ``outside_pool`` then makes its row NaN."""
+    return tl.where((block >= 0) & (block < num_blocks), block, 0)
+
+
+@triton.jit
+def outside_pool(l, table_row, lo, hi, num_blocks, BLOCK_SIZE: tl.constexpr):
+    """l, or NaN if a block id the tokens [lo, hi) use lies outside [0, num_blocks): the row's
+    O / l comes out NaN. A pass over the segment's table entries after the main loop (they are
+    in L1 by then), so the loop carries no extra state (notes/triton.md, "Session 33, later")."""
+    outside = 0
+    for first in range(lo // BLOCK_SIZE, tl.cdiv(hi, BLOCK_SIZE), SCAN_COLUMNS):
+        cols = first + tl.arange(0, SCAN_COLUMNS)
+        ids = tl.load(table_row + cols, mask=cols < tl.cdiv(hi, BLOCK_SIZE), other=0)
+        outside += tl.sum(((ids < 0) | (ids >= num_blocks)).to(tl.int32), axis=0)
+    return tl.where(outside > 0, float("nan"), l)
 
 
 @triton.jit
@@ -16,13 +37,14 @@ def store_partials(MScratch, LScratch, AccScratch, Out, counter, m, l, acc, b, k
                     MERGE_HEADS: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr):
     """A split program's epilogue: its (m, l) and normalized partial O into scratch (B, Hq,
     segments) — in the input dtype, as vLLM v2 and FlashInfer keep partial outputs: half the
-    scratch bytes of fp32; an empty segment (l = 0) stores zeros. With MERGE_IN_KERNEL the
+    scratch bytes of fp32; an empty segment (l = 0) stores zeros, a NaN l (non-finite input, or
+    a block outside the pool) NaN. With MERGE_IN_KERNEL the
     program that arrives last at ``counter`` (int32, zero between calls) merges the group's
     heads into Out and zeroes the counter again (CUDA-graph replays)."""
     row = (b * heads_total + heads) * n_seg + seg
     tl.store(MScratch + row, m, mask=g_ok)
     tl.store(LScratch + row, l, mask=g_ok)
-    part = tl.where(l[:, None] > 0, acc / l[:, None], 0.0)
+    part = tl.where(l[:, None] != 0, acc / l[:, None], 0.0)
     tl.store(AccScratch + row[:, None] * D_PAD + d[None, :],
              part.to(AccScratch.dtype.element_ty), mask=g_ok[:, None])
     if MERGE_IN_KERNEL:
@@ -56,12 +78,13 @@ def merge_heads(MScratch, LScratch, AccScratch, Out, b, head0, n_heads, heads_to
                    other=0.0, cache_modifier=".cg").to(tl.float32)
     m_all = tl.max(m, axis=1)
     # each segment's share of the softmax mass; an empty segment (l = 0, m = -inf) weighs 0,
-    # and a sequence with no tokens at all (every m = -inf) gets zeros, not 0/0
-    w = tl.where(l > 0, l * tl.exp2(m - m_all[:, None]), 0.0)
+    # and a sequence with no tokens at all (every l = 0) gets zeros, not 0/0. A NaN l weighs
+    # NaN, so the row comes out NaN: nothing here may turn NaN into a number
+    w = tl.where(l != 0, l * tl.exp2(m - m_all[:, None]), 0.0)
     total = tl.sum(w, axis=1)
-    out = tl.where(total[:, None] > 0,
+    out = tl.where(total[:, None] != 0,
                    tl.sum(part * w[:, :, None], axis=1) / tl.maximum(total, 1e-30)[:, None], 0.0)
-    tl.store(Out + b * stride_ob + (head0 + h)[:, None] * stride_oh + d[None, :],
+    tl.store(Out + b.to(tl.int64) * stride_ob + (head0 + h)[:, None] * stride_oh + d[None, :],
              out.to(Out.dtype.element_ty), mask=h_ok[:, None] & (d < D)[None, :])
 
 
