@@ -44,6 +44,15 @@ def attention_ref(q, k, v, causal=False, softmax_scale=None):
     return out.transpose(1, 2), lse
 
 
+def attention_bwd_ref(q, k, v, dout, causal=False, softmax_scale=None):
+    """(dq, dk, dv) float64, shaped as q, k, v: autograd through ``attention_ref`` in float64
+    for the upstream gradient ``dout`` (B, S, Hq, Dv); dk / dv summed over each query group.
+    It keeps every head's scores for the backward: B·Hq·S² float64 values, several times."""
+    leaves = [t.detach().to(torch.float64).requires_grad_() for t in (q, k, v)]
+    out, _ = attention_ref(*leaves, causal=causal, softmax_scale=softmax_scale)
+    return torch.autograd.grad(out, leaves, dout.to(torch.float64))
+
+
 def rel_l2(out, ref) -> float:
     """‖out − ref‖ / ‖ref‖ in float64; NaN anywhere in out gives NaN (which fails every check)."""
     out64, ref64 = out.to(torch.float64), ref.to(torch.float64)

@@ -1,3 +1,4 @@
-"""The attention backward (FA3's ``hopper/flash_bwd_*``): its home. No kernel has landed yet;
-the backward issue adds the preprocess, the warp-specialized main kernel and the postprocess
-here, reusing ``kernels/fwd``'s tile schedulers, barrier enum and pipeline state."""
+"""The attention backward (FA3's ``hopper/flash_bwd_*``). ``pipelined.py``: a first TileLang
+backward on TileLang's automatic warp specialization, the baseline; the backward issue (#46)
+adds the preprocess, the explicitly warp-specialized main kernel and the postprocess here,
+reusing ``kernels/fwd``'s tile schedulers, barrier enum and pipeline state."""

@@ -71,3 +71,38 @@ def test_rel_l2_catches_nan_and_error():
 def test_oracle_rejects_partial_groups():
     with pytest.raises(ValueError, match="multiple"):
         oracle.attention_ref(torch.randn(1, 4, 6, 8), torch.randn(1, 4, 4, 8), torch.randn(1, 4, 4, 8))
+
+
+def closed_form_grads(q, k, v, dout, causal, scale):
+    """FlashAttention's backward written out: P = softmax(S), dV = Pᵀ dO, dP = dO Vᵀ,
+    dS = P ∘ (dP − rowsum(dO ∘ O)), dQ = scale · dS K, dK = scale · dSᵀ Q, dK / dV summed over
+    each query group."""
+    q, k, v, dout = (t.double() for t in (q, k, v, dout))
+    group = q.shape[2] // k.shape[2]
+    kx, vx = (t.repeat_interleave(group, dim=2) for t in (k, v))  # B S Hq D
+    s = torch.einsum("bihd,bjhd->bhij", q, kx) * scale
+    if causal:
+        s = s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu(1), float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    o = torch.einsum("bhij,bjhd->bihd", p, vx)
+    dp = torch.einsum("bihd,bjhd->bhij", dout, vx)
+    ds = p * (dp - (dout * o).sum(-1).transpose(1, 2)[..., None])
+    dq = torch.einsum("bhij,bjhd->bihd", ds, kx) * scale
+    dk = torch.einsum("bhij,bihd->bjhd", ds, q) * scale
+    dv = torch.einsum("bhij,bihd->bjhd", p, dout)
+    fold = lambda t: t.unflatten(2, (k.shape[2], group)).sum(3)  # noqa: E731
+    return dq, fold(dk), fold(dv)
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(2, 2), (8, 2), (7, 1)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_oracle_matches_the_closed_form(heads, kv_heads, causal):
+    gen = torch.Generator().manual_seed(heads * 10 + causal)
+    q = torch.randn(2, 9, heads, 16, generator=gen).half()
+    k = torch.randn(2, 9, kv_heads, 16, generator=gen).half()
+    v = torch.randn(2, 9, kv_heads, 24, generator=gen).half()
+    dout = torch.randn(2, 9, heads, 24, generator=gen).half()
+    grads = oracle.attention_bwd_ref(q, k, v, dout, causal=causal, softmax_scale=0.2)
+    for got, want, like in zip(grads, closed_form_grads(q, k, v, dout, causal, 0.2), (q, k, v)):
+        assert got.dtype == torch.float64 and got.shape == like.shape
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)

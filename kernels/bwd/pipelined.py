@@ -1,0 +1,181 @@
+"""Pipelined GQA backward — the lab's first TileLang backward, the baseline the warp-specialized
+one (issue #46) is measured against.
+
+FA3 counterpart: ``hopper/mainloop_bwd_sm90_tma_gmma_ws.hpp`` in structure, not in roles: each
+CTA holds one K/V tile of one KV head and loops over the Q tiles of every query head of its
+group, so dK and dV are summed over the group in registers (no atomics, no second pass), and
+written once in the input dtype. dQ is summed in fp32 by atomic adds into an accumulator
+(B, S, Hq, D) that ``attention_bwd`` clears first and casts last. TileLang's automatic warp
+specialization on sm_90a splits the ``T.Pipelined`` loop into a producer warpgroup (the Q and
+dO tiles, ``setmaxnreg`` 24) and ``threads / 128`` consumer warpgroups (``setmaxnreg`` 240).
+
+The five GEMMs of a step, with the K/V tile as the M side (rows i: keys; columns j: queries):
+  Sᵀ = K Qᵀ (SS)            Pᵀ = exp2(Sᵀ·scale·log2 e − lse_j·log2 e), 0 past S or the diagonal
+  dPᵀ = V dOᵀ (SS)          dSᵀ = Pᵀ ∘ (dPᵀ − Δ_j) · scale, Δ = rowsum(dO ∘ O)
+  dV += Pᵀ dO (RS)          dK += dSᵀ Q (RS)           dQᵀ_j += Kᵀ dSᵀ (SS, dSᵀ through smem; D as M: FA3's swapAB)
+Shared memory (2-byte elements, bm K/V rows, bn Q rows, D = Dv = 128, bm 64, bn 64):
+  K, V 2·bm·D + stages·(Q, dO) 2·bn·D + dSᵀ bm·bn = 32 + 64 + 8 KB at 2 stages.
+Causal steps start at the first Q tile that sees the K/V tile; the tiles that straddle the
+diagonal, and the ragged last Q and K/V tiles, are masked. Not yet run on a GPU (notes/bwd.md).
+"""
+import functools
+import math
+from dataclasses import dataclass
+
+import tilelang.language as T
+import torch
+
+from ws_lab.check import require_device, validate_attention_inputs
+from ws_lab.kernels import LOG2E
+from ws_lab.target import compile_sm90a
+
+HEAD_DIMS = ((64, 64), (128, 128))
+
+
+@dataclass(frozen=True)
+class Config:
+    block_kv: int  # K/V rows a CTA holds (bm)
+    block_q: int  # Q rows a step (bn)
+    threads: int  # consumer threads (the producer warpgroup comes on top)
+    num_stages: int
+
+
+# 2 consumer warpgroups of 64 K/V rows each; 32 Q rows a step keep Sᵀ, dPᵀ, dQᵀ at 16
+# registers a thread beside dK and dV's 64 each: no spill at 168 (bm 128 / bn 64 spilled 128 B
+# and serialized its wgmma; notes/bwd.md).
+DEFAULT = Config(block_kv=128, block_q=32, threads=256, num_stages=2)
+
+
+def flash_bwd(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softmax_scale,
+              cfg: Config = DEFAULT):
+    """The main kernel: (Q, K, V, dO, LSE (B, Hq, S) natural log, Δ (B, Hq, S)) -> dQ_accum
+    (fp32, added to), dK, dV (dtype)."""
+    bm, bn, group = cfg.block_kv, cfg.block_q, heads // kv_heads
+    scale_log2 = softmax_scale * LOG2E
+    accum = "float"
+    n_qtiles = (seq_len + bn - 1) // bn
+
+    def live(key, query):
+        """(key, query) inside the sequence, and not in the future under the causal mask."""
+        inside = (key < seq_len) & (query < seq_len)
+        return inside & (key <= query) if causal else inside
+
+    @T.prim_func
+    def main(
+        Q: T.Tensor([batch, seq_len, heads, head_dim], dtype),
+        K: T.Tensor([batch, seq_len, kv_heads, head_dim], dtype),
+        V: T.Tensor([batch, seq_len, kv_heads, head_dim], dtype),
+        dO: T.Tensor([batch, seq_len, heads, head_dim], dtype),
+        LSE: T.Tensor([batch, heads, seq_len], accum),
+        Delta: T.Tensor([batch, heads, seq_len], accum),
+        dQ: T.Tensor([batch, seq_len, heads, head_dim], accum),
+        dK: T.Tensor([batch, seq_len, kv_heads, head_dim], dtype),
+        dV: T.Tensor([batch, seq_len, kv_heads, head_dim], dtype),
+    ):
+        with T.Kernel(T.ceildiv(seq_len, bm), kv_heads, batch, threads=cfg.threads) as (
+                bx, kvh, bz):
+            k_s = T.alloc_shared([bm, head_dim], dtype)
+            v_s = T.alloc_shared([bm, head_dim], dtype)
+            q_s = T.alloc_shared([bn, head_dim], dtype)
+            do_s = T.alloc_shared([bn, head_dim], dtype)
+            ds_s = T.alloc_shared([bm, bn], dtype)
+            lse_s = T.alloc_shared([bn], accum)
+            delta_s = T.alloc_shared([bn], accum)
+            st = T.alloc_fragment([bm, bn], accum)  # Sᵀ, then Pᵀ
+            dpt = T.alloc_fragment([bm, bn], accum)
+            pt = T.alloc_fragment([bm, bn], dtype)
+            dst = T.alloc_fragment([bm, bn], dtype)
+            dqt = T.alloc_fragment([head_dim, bn], accum)  # dQᵀ: D is the M side (swapAB)
+            dk = T.alloc_fragment([bm, head_dim], accum)
+            dv = T.alloc_fragment([bm, head_dim], accum)
+            dkv_s = T.alloc_shared([bm, head_dim], dtype)
+
+            T.copy(K[bz, bx * bm:(bx + 1) * bm, kvh, :], k_s)
+            T.copy(V[bz, bx * bm:(bx + 1) * bm, kvh, :], v_s)
+            T.clear(dk)
+            T.clear(dv)
+            first = (bx * bm) // bn if causal else 0  # Q tiles above it never see this K/V tile
+            steps = n_qtiles - first
+            for it in T.Pipelined(group * steps, num_stages=cfg.num_stages):
+                h = kvh * group + it // steps
+                qt = first + it % steps
+                T.copy(Q[bz, qt * bn:(qt + 1) * bn, h, :], q_s)
+                T.copy(dO[bz, qt * bn:(qt + 1) * bn, h, :], do_s)
+                T.copy(LSE[bz, h, qt * bn:(qt + 1) * bn], lse_s)
+                T.copy(Delta[bz, h, qt * bn:(qt + 1) * bn], delta_s)
+                T.clear(st)
+                T.gemm(k_s, q_s, st, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+                T.clear(dpt)
+                T.gemm(v_s, do_s, dpt, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+                for i, j in T.Parallel(bm, bn):
+                    st[i, j] = T.if_then_else(live(bx * bm + i, qt * bn + j),
+                                              T.exp2(st[i, j] * scale_log2 - lse_s[j] * LOG2E), 0)
+                T.copy(st, pt)
+                T.gemm(pt, do_s, dv, policy=T.GemmWarpPolicy.FullRow)
+                for i, j in T.Parallel(bm, bn):  # masked again: Δ past S is not data
+                    dst[i, j] = T.if_then_else(live(bx * bm + i, qt * bn + j),
+                                               st[i, j] * (dpt[i, j] - delta_s[j]) * softmax_scale,
+                                               0)
+                T.gemm(dst, q_s, dk, policy=T.GemmWarpPolicy.FullRow)
+                T.copy(dst, ds_s)
+                T.clear(dqt)
+                T.gemm(k_s, ds_s, dqt, transpose_A=True, policy=T.GemmWarpPolicy.FullRow)
+                for d, j in T.Parallel(head_dim, bn):
+                    if qt * bn + j < seq_len:
+                        T.atomic_add(dQ[bz, qt * bn + j, h, d], dqt[d, j])
+            T.copy(dk, dkv_s)
+            T.copy(dkv_s, dK[bz, bx * bm:(bx + 1) * bm, kvh, :])
+            T.copy(dv, dkv_s)
+            T.copy(dkv_s, dV[bz, bx * bm:(bx + 1) * bm, kvh, :])
+
+    return main
+
+
+def prim_func_for(shape, config: Config = DEFAULT):
+    """The main kernel's prim_func for a named shape (the CPU codegen checks lower it)."""
+    return flash_bwd(shape.batch, shape.seq_len, shape.heads, shape.kv_heads, shape.head_dim,
+                     shape.causal, shape.dtype, 1.0 / math.sqrt(shape.head_dim), config)
+
+
+@functools.lru_cache(maxsize=None)
+def compiled(*args):
+    return compile_sm90a(flash_bwd(*args))
+
+
+def attention_bwd(q, k, v, out, dout, lse, causal=False, softmax_scale=None, *, dk=None,
+                  dv=None, config: Config = DEFAULT):
+    """(dq, dk, dv) of BSHD GQA attention, in q's dtype: q (B, S, Hq, D), k / v (B, S, Hkv, D),
+    the forward's out and the upstream dout (B, S, Hq, D), lse (B, Hq, S) fp32 natural log.
+    Δ = rowsum(dout ∘ out) and the cleared fp32 dQ accumulator are torch ops here (FA3's
+    preprocess kernel is still to come), as is dQ's final cast. ``dk`` / ``dv``: output
+    buffers shaped as k / v (every element is written)."""
+    dims = validate_attention_inputs(q, k, v, supported_head_dims=HEAD_DIMS,
+                                     softmax_scale=softmax_scale, causal=causal, devices="any")
+    for name, t in (("out", out), ("dout", dout)):
+        if not isinstance(t, torch.Tensor) or t.shape != q.shape or t.dtype != q.dtype:
+            raise ValueError(f"{name} must be a {q.dtype} tensor of q's shape {tuple(q.shape)}")
+        if t.device != q.device or not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous and on {q.device}")
+    want = (dims.batch, dims.heads, dims.seq_len)
+    if not isinstance(lse, torch.Tensor) or lse.shape != want or lse.dtype != torch.float32:
+        raise ValueError(f"lse must be a float32 tensor of shape (B, Hq, S) = {want}")
+    if lse.device != q.device or not lse.is_contiguous():
+        raise ValueError(f"lse must be contiguous and on {q.device}")
+    require_device(q.device, "cuda")
+    delta = (dout.float() * out.float()).sum(-1).transpose(1, 2).contiguous()
+    dq_accum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    dk = _grad_buffer(dk, k, "dk")
+    dv = _grad_buffer(dv, v, "dv")
+    kernel = compiled(dims.batch, dims.seq_len, dims.heads, dims.kv_heads, dims.head_dim,
+                      bool(causal), dims.tl_dtype, dims.softmax_scale, config)
+    kernel(q, k, v, dout, lse, delta, dq_accum, dk, dv)
+    return dq_accum.to(q.dtype), dk, dv
+
+
+def _grad_buffer(buf, like, name):
+    if buf is None:
+        return torch.empty_like(like)
+    if (not isinstance(buf, torch.Tensor) or buf.shape != like.shape or buf.dtype != like.dtype
+            or buf.device != like.device or not buf.is_contiguous()):
+        raise ValueError(f"{name} must be a contiguous {like.dtype} tensor shaped {tuple(like.shape)}")
+    return buf

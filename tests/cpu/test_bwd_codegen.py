@@ -1,0 +1,45 @@
+"""The pipelined backward (kernels/bwd/pipelined.py) lowers for sm_90a and compiles on a CPU
+as its docstring says: all five GEMMs on wgmma (Sᵀ, dPᵀ and dQᵀ from shared memory, dV and
+dK with Pᵀ / dSᵀ from registers), the producer / consumer register split, no spill."""
+import shutil
+
+import pytest
+import torch
+
+from ws_lab import emit, shapes
+from ws_lab.kernels.bwd import pipelined
+
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+
+
+@needs_nvcc
+@pytest.mark.parametrize("head_dim,causal,ragged", [(128, False, False), (64, True, True)])
+def test_backward_compiles_to_five_wgmma_gemms_without_spills(tmp_path, head_dim, causal,
+                                                              ragged):
+    shape = shapes.Shape("bwd-codegen", 2, 8, 2, 1000 if ragged else 1024, head_dim, head_dim,
+                         causal, "bfloat16")
+    emitted = emit.lower_variant("bwd-pipelined", shape, pipelined.prim_func_for(shape), None)
+    summary = emit.inspect(emitted, tmp_path)
+    cfg = pipelined.DEFAULT
+    k_steps_s = head_dim // 16  # Sᵀ and dPᵀ: K = D
+    k_steps_dq = cfg.block_kv // 16  # dQᵀ: K = the K/V rows
+    k_steps_dkv = cfg.block_q // 16  # dV and dK: K = the Q rows of a step
+    ss = sum(n for kind, n in summary.hgmma.items() if not kind.endswith(".RS"))
+    rs = sum(n for kind, n in summary.hgmma.items() if kind.endswith(".RS"))
+    assert ss == 2 * k_steps_s + k_steps_dq, summary.hgmma
+    assert rs == 2 * k_steps_dkv, summary.hgmma
+    assert sorted(set(summary.setmaxnreg)) == ["DEALLOC 24", "TRY_ALLOC 240"]
+    assert summary.spill_bytes == 0 and summary.stack_frame == 0, summary.format()
+    assert emitted.threads == cfg.threads + 128  # the consumers and TileLang's producer
+
+
+def test_backward_refuses_bad_side_inputs():
+    q = torch.zeros(1, 8, 2, 64, dtype=torch.float16)
+    k = v = torch.zeros(1, 8, 1, 64, dtype=torch.float16)
+    lse = torch.zeros(1, 2, 8)
+    with pytest.raises(ValueError, match="dout must be a torch.float16 tensor of q's shape"):
+        pipelined.attention_bwd(q, k, v, q, q[:, :4], lse)
+    with pytest.raises(ValueError, match="lse must be a float32 tensor of shape"):
+        pipelined.attention_bwd(q, k, v, q, q, lse.double())
+    with pytest.raises(ValueError, match="inputs must be CUDA tensors"):
+        pipelined.attention_bwd(q, k, v, q, q, lse)
