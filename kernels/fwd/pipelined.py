@@ -15,6 +15,10 @@ Masking: causal KV blocks above the diagonal are skipped (``loop_range``); only 
 straddle the diagonal, and the ragged last KV block (S not a multiple of bn), get -inf scores.
 Rows past S are computed on TMA's zero fill and clipped by the TMA store. Causal grids launch
 the heaviest Q tiles first (``Config.heavy_first``: +13 % on llama8b-4k, NOTES.md).
+
+``attention(..., return_lse=True)`` also returns each row's log-sum-exp (B, Hq, S), fp32: the
+backward's input (kernels/bwd; ``torch.ops.ws_lab.attention`` trains through it). Without it the
+emitted CUDA is byte for byte what it was before the option existed.
 """
 
 import functools
@@ -68,21 +72,18 @@ def config_for(head_dim: int, head_dim_v: int, causal: bool) -> Config:
 
 
 def flash_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtype, softmax_scale,
-              cfg: Config):
-    """The TileLang prim_func: q (B,S,Hq,D), k (B,S,Hkv,D), v (B,S,Hkv,Dv) -> out (B,S,Hq,Dv)."""
+              cfg: Config, with_lse: bool = False):
+    """The TileLang prim_func: q (B,S,Hq,D), k (B,S,Hkv,D), v (B,S,Hkv,Dv) -> out (B,S,Hq,Dv),
+    and with ``with_lse`` the rows' log-sum-exp of the scaled scores, LSE (B,Hq,S) fp32, natural
+    log: what the backward (kernels/bwd) reads."""
     bm, bn = cfg.block_m, cfg.block_n
     group = heads // kv_heads
     scale_log2 = softmax_scale * LOG2E
     accum = "float"
     neg_inf = -T.infinity(accum)
 
-    @T.prim_func
-    def main(
-        Q: T.Tensor([batch, seq_len, heads, head_dim], dtype),
-        K: T.Tensor([batch, seq_len, kv_heads, head_dim], dtype),
-        V: T.Tensor([batch, seq_len, kv_heads, head_dim_v], dtype),
-        Out: T.Tensor([batch, seq_len, heads, head_dim_v], dtype),
-    ):
+    @T.macro
+    def body(Q, K, V, Out, LSE):
         n_qtiles = T.ceildiv(seq_len, bm)
         grid, tile_of = qtile_grid(n_qtiles, heads, batch, cfg.heavy_first)
         with T.Kernel(*grid, threads=cfg.threads) as (gx, gy, bz):
@@ -130,6 +131,26 @@ def flash_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dty
             normalize_o(acc_o, row_sum, row_rescale, bm, head_dim_v)
             T.copy(acc_o, o_s)
             T.copy(o_s, Out[bz, bx * bm:(bx + 1) * bm, by, :])
+            if with_lse:  # ln Σ exp(s·scale) = (max·scale·log2 e + log2 Σ) / log2 e
+                for i in T.Parallel(bm):
+                    block_sum[i] = (row_max[i] * scale_log2 + T.log2(row_sum[i])) / LOG2E
+                T.copy(block_sum, LSE[bz, by, bx * bm:(bx + 1) * bm])
+
+    q_t = T.Tensor([batch, seq_len, heads, head_dim], dtype)
+    kv_t = T.Tensor([batch, seq_len, kv_heads, head_dim], dtype)
+    v_t = T.Tensor([batch, seq_len, kv_heads, head_dim_v], dtype)
+    o_t = T.Tensor([batch, seq_len, heads, head_dim_v], dtype)
+    if with_lse:
+        @T.prim_func
+        def main_lse(Q: q_t, K: kv_t, V: v_t, Out: o_t,
+                     LSE: T.Tensor([batch, heads, seq_len], accum)):
+            body(Q, K, V, Out, LSE)
+
+        return main_lse
+
+    @T.prim_func
+    def main(Q: q_t, K: kv_t, V: v_t, Out: o_t):
+        body(Q, K, V, Out, None)
 
     return main
 
@@ -151,14 +172,22 @@ def compiled(*args):
     return compile_sm90a(flash_fwd(*args))
 
 
-def attention(q, k, v, causal=False, softmax_scale=None, out=None, config: "Config | None" = None):
-    """BSHD GQA forward. q (B,S,Hq,D), k (B,S,Hkv,D), v (B,S,Hkv,Dv) fp16/bf16 on CUDA."""
+def attention(q, k, v, causal=False, softmax_scale=None, out=None, config: "Config | None" = None,
+              return_lse: bool = False):
+    """BSHD GQA forward. q (B,S,Hq,D), k (B,S,Hkv,D), v (B,S,Hkv,Dv) fp16/bf16 on CUDA. With
+    ``return_lse``: (out, lse), lse (B,Hq,S) fp32, the natural log-sum-exp of each row's
+    scaled scores."""
     dims = validate_attention_inputs(q, k, v, supported_head_dims=HEAD_DIMS, out=out,
                                      softmax_scale=softmax_scale, causal=causal)
     cfg = config or config_for(dims.head_dim, dims.head_dim_v, bool(causal))
     kernel = compiled(dims.batch, dims.seq_len, dims.heads, dims.kv_heads, dims.head_dim,
-                      dims.head_dim_v, bool(causal), dims.tl_dtype, dims.softmax_scale, cfg)
+                      dims.head_dim_v, bool(causal), dims.tl_dtype, dims.softmax_scale, cfg,
+                      *((True,) if return_lse else ()))  # the same cache key as precompiles
     if out is None:
         out = torch.empty(*q.shape[:3], dims.head_dim_v, dtype=q.dtype, device=q.device)
-    kernel(q, k, v, out)
-    return out
+    if not return_lse:
+        kernel(q, k, v, out)
+        return out
+    lse = torch.empty(dims.batch, dims.heads, dims.seq_len, dtype=torch.float32, device=q.device)
+    kernel(q, k, v, out, lse)
+    return out, lse

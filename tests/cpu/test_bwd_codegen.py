@@ -43,3 +43,17 @@ def test_backward_refuses_bad_side_inputs():
         pipelined.attention_bwd(q, k, v, q, q, lse.double())
     with pytest.raises(ValueError, match="inputs must be CUDA tensors"):
         pipelined.attention_bwd(q, k, v, q, q, lse)
+
+
+def test_forward_with_lse_stores_each_row_once_and_the_default_is_unchanged():
+    """The pipelined forward's lse output (what the backward reads): one store per row, only
+    rows inside S on a ragged shape; without it the kernel has no lse parameter at all."""
+    from ws_lab.kernels.fwd import pipelined as fwd
+
+    cfg = fwd.config_for(128, 128, True)
+    args = (2, 1000, 8, 2, 128, 128, True, "bfloat16", 128 ** -0.5, cfg)
+    with_lse = emit.lower_prim_func(fwd.flash_fwd(*args, with_lse=True)).kernel_source
+    plain = emit.lower_prim_func(fwd.flash_fwd(*args)).kernel_source
+    assert "LSE" not in plain and with_lse.count("LSE[") == 1
+    store = with_lse[with_lse.index("LSE[") - 400:with_lse.index("LSE[")]
+    assert "% 4) == 0" in store and "< " in store  # a row's quad writes once; a bound on S

@@ -1,0 +1,46 @@
+"""torch.ops.ws_lab.attention without a GPU: its fake gives (out, lse) shapes and dtypes, lse
+carries no gradient, and the forward + backward trace (make_fx over fake tensors, as
+torch.compile's AOT autograd does) holds one forward op and one backward op, each opaque."""
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from ws_lab.kernels.bwd import attention_op  # noqa: F401  (registers the ops)
+
+
+def _qkv(head_dim=64, dtype=torch.bfloat16):
+    q = torch.randn(2, 50, 8, head_dim, dtype=dtype, requires_grad=True)
+    k = torch.randn(2, 50, 2, head_dim, dtype=dtype, requires_grad=True)
+    v = torch.randn(2, 50, 2, head_dim, dtype=dtype, requires_grad=True)
+    return q, k, v
+
+
+def test_forward_and_backward_trace_as_two_opaque_ops():
+    def train_step(q, k, v):
+        out, lse = torch.ops.ws_lab.attention(q, k, v, True, None)
+        return (out, lse, *torch.autograd.grad(out.float().square().sum(), (q, k, v)))
+
+    graph = make_fx(train_step, tracing_mode="fake")(*_qkv())
+    targets = [str(n.target) for n in graph.graph.nodes if n.op == "call_function"]
+    assert targets.count("ws_lab.attention.default") == 1
+    assert targets.count("ws_lab.attention_bwd.default") == 1
+    outputs = next(n for n in graph.graph.nodes if n.op == "output").args[0]
+    shapes = [tuple(o.meta["val"].shape) for o in outputs]
+    assert shapes == [(2, 50, 8, 64), (2, 8, 50), (2, 50, 8, 64), (2, 50, 2, 64), (2, 50, 2, 64)]
+    assert outputs[1].meta["val"].dtype == torch.float32
+
+
+def test_lse_is_not_differentiable():
+    from torch._subclasses import FakeTensorMode
+
+    with FakeTensorMode():
+        out, lse = torch.ops.ws_lab.attention(*_qkv(), False, None)
+    assert out.requires_grad and not lse.requires_grad
+
+
+@pytest.mark.parametrize("head_dim,message", [(96, "unsupported head dim"), (256, "unsupported")])
+def test_the_op_refuses_head_dims_the_backward_lacks(head_dim, message):
+    from torch._subclasses import FakeTensorMode
+
+    with FakeTensorMode(), pytest.raises(ValueError, match=message):
+        torch.ops.ws_lab.attention(*_qkv(head_dim), False, None)
