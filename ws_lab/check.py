@@ -132,7 +132,7 @@ SUPPORTED = Support()
 
 
 def head_dims_supported(head_dim, head_dim_v, supported) -> Support:
-    """A forward family's ``supports`` on head dims: the (D, Dv) pairs it runs, named when not."""
+    """A TileLang family's ``supports`` on head dims: the (D, Dv) pairs it runs, named when not."""
     if (head_dim, head_dim_v) in supported:
         return SUPPORTED
     return Support(f"runs (D, Dv) in {sorted(supported)}, not ({head_dim}, {head_dim_v})")

@@ -1,5 +1,7 @@
-"""Every attention kernel of the lab, by name: ``attention(q, k, v, causal=False,
-softmax_scale=None, out=None) -> out`` (BSHD, fp16/bf16 on CUDA) plus ``supports(shape)``.
+"""Every attention kernel of the lab, by name, with ``supports(shape)``: a forward
+(``attention(q, k, v, causal=False, softmax_scale=None, out=None) -> out``, BSHD, fp16/bf16 on
+CUDA) or a backward (``backward(q, k, v, out, dout, lse, causal, softmax_scale) -> (dq, dk,
+dv)``).
 
 A TileLang kernel also gives ``prim_func(shape)`` so that ``ws_lab.emit`` can lower it
 without a GPU. A new kernel adds one ``_register`` line here.
@@ -19,6 +21,7 @@ class Kernel:
     name: str
     module: str  # import path of the kernel family's file, loaded on first use
     options: tuple = ()  # (keyword, value) pairs selecting a variant of the family
+    kind: str = "fwd"  # "fwd" (``attention``) or "bwd" (``backward``)
 
     def _mod(self):
         return importlib.import_module(self.module)
@@ -29,7 +32,17 @@ class Kernel:
 
     @property
     def attention(self) -> Callable:
+        self._require("fwd")
         return functools.partial(self._mod().attention, **dict(self.options))
+
+    @property
+    def backward(self) -> Callable:
+        self._require("bwd")
+        return functools.partial(self._mod().attention_bwd, **dict(self.options))
+
+    def _require(self, kind: str) -> None:
+        if self.kind != kind:
+            raise TypeError(f"{self.name} is a {self.kind} kernel, not a {kind} one")
 
     def supports(self, shape: Shape):
         """A ``check.Support``: true when the kernel runs the shape, else false with the reason."""
@@ -58,8 +71,8 @@ class Kernel:
 KERNELS: dict[str, Kernel] = {}
 
 
-def _register(name: str, module: str, **options) -> None:
-    KERNELS[name] = Kernel(name, module, tuple(sorted(options.items())))
+def _register(name: str, module: str, kind: str = "fwd", **options) -> None:
+    KERNELS[name] = Kernel(name, module, tuple(sorted(options.items())), kind)
 
 
 _register("pipelined", "ws_lab.kernels.fwd.pipelined")
@@ -70,6 +83,7 @@ _register("coop-overlap-nopp", "ws_lab.kernels.fwd.coop_overlap", pingpong=False
 _register("coop-overlap-persistent", "ws_lab.kernels.fwd.coop_overlap", pingpong=True, persistent=True)
 _register("largehdv", "ws_lab.kernels.fwd.largehdv")
 _register("triton-mha", "ws_lab.kernels.fwd.triton_mha")
+_register("bwd-pipelined", "ws_lab.kernels.bwd.pipelined", kind="bwd")
 
 
 def get(name: str) -> Kernel:

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 import tilelang.language as T
 import torch
 
-from ws_lab.check import require_device, validate_attention_inputs
+from ws_lab.check import (Support, head_dims_supported, require_device,
+                          validate_attention_inputs)
 from ws_lab.kernels import LOG2E
 from ws_lab.target import compile_sm90a
 
@@ -129,6 +130,10 @@ def flash_bwd(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softmax_
             T.copy(dkv_s, dV[bz, bx * bm:(bx + 1) * bm, kvh, :])
 
     return main
+
+
+def supports(shape) -> Support:
+    return head_dims_supported(shape.head_dim, shape.head_dim_v, HEAD_DIMS)
 
 
 def prim_func_for(shape, config: Config = DEFAULT):

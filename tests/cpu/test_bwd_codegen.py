@@ -57,3 +57,16 @@ def test_forward_with_lse_stores_each_row_once_and_the_default_is_unchanged():
     assert "LSE" not in plain and with_lse.count("LSE[") == 1
     store = with_lse[with_lse.index("LSE[") - 400:with_lse.index("LSE[")]
     assert "% 4) == 0" in store and "< " in store  # a row's quad writes once; a bound on S
+
+
+def test_the_registry_names_the_backward_and_keeps_kinds_apart():
+    from ws_lab import registry
+
+    kernel = registry.get("bwd-pipelined")
+    assert kernel.kind == "bwd" and kernel.backward.func is pipelined.attention_bwd
+    assert kernel.supports(shapes.SHAPES["train8b-4k"])
+    assert not kernel.supports(shapes.SHAPES["largehdv-2k"])
+    with pytest.raises(TypeError, match="bwd-pipelined is a bwd kernel"):
+        kernel.attention
+    with pytest.raises(TypeError, match="pipelined is a fwd kernel"):
+        registry.get("pipelined").backward

@@ -87,7 +87,8 @@ def test_q_batch_offsets_past_2_to_the_31(entry):
 MEMCHECK_SCRIPT = """
 import torch
 from ws_lab import boundary_cases as bc
-from tests.triton.test_boundary import FUSED_ENTRIES, fused_entries, paged_entries
+from tests.triton.test_boundary import (FUSED_ENTRIES, fused_entries, misaligned_fused_case,
+                                        paged_entries)
 for name, fn in paged_entries().items():
     for case in ("id = num_blocks", "id = -1", "id = 2^31 - 1"):
         assert bc.paged_case(case, fn, torch.float16, "cuda").ok(2e-3), (name, case)
@@ -95,8 +96,48 @@ for name, (fn, bs) in fused_entries().items():
     for case in FUSED_ENTRIES[name]:
         if "position" in case or "outside" in case:
             assert bc.fused_case(case, fn, torch.float16, "cuda", block_size=bs).ok(2e-3), (name, case)
+from ws_lab.kernels.step import decode_layer as dl
+x, w, r = (torch.randn(4, 64, device="cuda").half(), torch.randn(64, device="cuda").half(),
+           torch.randn(4, 64, device="cuda").half())
+for args in ((x, w, 1e-6, r[:2]), (x, w[:32], 1e-6, r)):  # short residual, short weight
+    try:
+        dl.add_rmsnorm(*args)
+        raise AssertionError("add_rmsnorm took a short operand")
+    except ValueError:
+        pass
+try:
+    dl.linear(x, torch.randn(32, 64, device="cuda").half(), torch.randn(16, device="cuda").half())
+    raise AssertionError("linear took a short bias")
+except ValueError:
+    pass
+assert misaligned_fused_case().ok(2e-3)
 print("cases ok")
 """
+
+
+def misaligned_fused_case():
+    """Static fused decode on caches that start 2 bytes past a 16-byte boundary: the L2 hint
+    is skipped, the step is as correct as on aligned caches."""
+    import torch
+
+    from ws_lab.kernels.decode import fused_decode as fd
+
+    def entry(q, k_new, v_new, k_cache, v_cache, *rest, out):
+        shifted = []
+        for cache in (k_cache, v_cache):
+            buf = torch.empty(cache.numel() + 1, dtype=cache.dtype, device=cache.device)
+            view = buf[1:].view(cache.shape)
+            view.copy_(cache)
+            shifted.append(view)
+        fd.fused_decode_attention(q, k_new, v_new, *shifted, *rest, backend="triton", out=out)
+        k_cache.copy_(shifted[0])
+        v_cache.copy_(shifted[1])
+
+    return bc.fused_case("NaN in q", entry, torch.float16, "cuda")
+
+
+def test_misaligned_fused_caches_are_correct():
+    assert misaligned_fused_case().ok(2e-3)
 
 
 def test_memcheck_finds_nothing_on_the_out_of_bounds_cases():
