@@ -12,9 +12,10 @@ dO tiles, ``setmaxnreg`` 24) and ``threads / 128`` consumer warpgroups (``setmax
 The five GEMMs of a step, with the K/V tile as the M side (rows i: keys; columns j: queries):
   Sᵀ = K Qᵀ (SS)            Pᵀ = exp2(Sᵀ·scale·log2 e − lse_j·log2 e), 0 past S or the diagonal
   dPᵀ = V dOᵀ (SS)          dSᵀ = Pᵀ ∘ (dPᵀ − Δ_j) · scale, Δ = rowsum(dO ∘ O)
-  dV += Pᵀ dO (RS)          dK += dSᵀ Q (RS)           dQᵀ_j += Kᵀ dSᵀ (SS, dSᵀ through smem; D as M: FA3's swapAB)
-Shared memory (2-byte elements, bm K/V rows, bn Q rows, D = Dv = 128, bm 64, bn 64):
-  K, V 2·bm·D + stages·(Q, dO) 2·bn·D + dSᵀ bm·bn = 32 + 64 + 8 KB at 2 stages.
+  dV += Pᵀ dO (RS)          dK += dSᵀ Q (SS)           dQᵀ_j += Kᵀ dSᵀ (SS; D as M: FA3's swapAB)
+Shared memory at D 128 and the default tiles (bm 128 K/V rows, bn 32 Q rows, 2 stages): K and
+  V 64 KB, the Q and dO rings 32 KB, dSᵀ 8 KB, lse and Δ 0.5 KB: 108544 B as lowered (the
+  dK / dV store buffer reuses freed space).
 Causal steps start at the first Q tile that sees the K/V tile; the tiles that straddle the
 diagonal, and the ragged last Q and K/V tiles, are masked. Not yet run on a GPU (notes/bwd.md).
 """
@@ -117,8 +118,10 @@ def flash_bwd(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softmax_
                     dst[i, j] = T.if_then_else(live(bx * bm + i, qt * bn + j),
                                                st[i, j] * (dpt[i, j] - delta_s[j]) * softmax_scale,
                                                0)
-                T.gemm(dst, q_s, dk, policy=T.GemmWarpPolicy.FullRow)
+                # dSᵀ goes through shared memory once and both GEMMs read it there: copying an
+                # RS operand fragment to shared memory writes wrong data (tilelang #2954)
                 T.copy(dst, ds_s)
+                T.gemm(ds_s, q_s, dk, policy=T.GemmWarpPolicy.FullRow)
                 T.clear(dqt)
                 T.gemm(k_s, ds_s, dqt, transpose_A=True, policy=T.GemmWarpPolicy.FullRow)
                 for d, j in T.Parallel(head_dim, bn):
