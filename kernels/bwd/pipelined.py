@@ -159,31 +159,22 @@ def attention_bwd(q, k, v, out, dout, lse, causal=False, softmax_scale=None, *, 
     buffers shaped as k / v (every element is written)."""
     dims = validate_attention_inputs(q, k, v, supported_head_dims=HEAD_DIMS,
                                      softmax_scale=softmax_scale, causal=causal, devices="any")
-    for name, t in (("out", out), ("dout", dout)):
-        if not isinstance(t, torch.Tensor) or t.shape != q.shape or t.dtype != q.dtype:
-            raise ValueError(f"{name} must be a {q.dtype} tensor of q's shape {tuple(q.shape)}")
-        if t.device != q.device or not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous and on {q.device}")
+    q_like = f"{q.dtype} tensor of q's shape {tuple(q.shape)}"
     want = (dims.batch, dims.heads, dims.seq_len)
-    if not isinstance(lse, torch.Tensor) or lse.shape != want or lse.dtype != torch.float32:
-        raise ValueError(f"lse must be a float32 tensor of shape (B, Hq, S) = {want}")
-    if lse.device != q.device or not lse.is_contiguous():
-        raise ValueError(f"lse must be contiguous and on {q.device}")
+    checks = [("out", out, q.shape, q.dtype, q_like), ("dout", dout, q.shape, q.dtype, q_like),
+              ("lse", lse, want, torch.float32, f"float32 tensor of shape (B, Hq, S) = {want}")]
+    checks += [(name, buf, like.shape, like.dtype, f"{like.dtype} tensor shaped {tuple(like.shape)}")
+               for name, buf, like in (("dk", dk, k), ("dv", dv, v)) if buf is not None]
+    for name, t, shape, dtype, what in checks:
+        if (not isinstance(t, torch.Tensor) or t.shape != shape or t.dtype != dtype
+                or t.device != q.device or not t.is_contiguous()):
+            raise ValueError(f"{name} must be a {what}, contiguous and on {q.device}")
     require_device(q.device, "cuda")
     delta = (dout.float() * out.float()).sum(-1).transpose(1, 2).contiguous()
     dq_accum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    dk = _grad_buffer(dk, k, "dk")
-    dv = _grad_buffer(dv, v, "dv")
+    dk = torch.empty_like(k) if dk is None else dk
+    dv = torch.empty_like(v) if dv is None else dv
     kernel = compiled(dims.batch, dims.seq_len, dims.heads, dims.kv_heads, dims.head_dim,
                       bool(causal), dims.tl_dtype, dims.softmax_scale, config)
     kernel(q, k, v, dout, lse, delta, dq_accum, dk, dv)
     return dq_accum.to(q.dtype), dk, dv
-
-
-def _grad_buffer(buf, like, name):
-    if buf is None:
-        return torch.empty_like(like)
-    if (not isinstance(buf, torch.Tensor) or buf.shape != like.shape or buf.dtype != like.dtype
-            or buf.device != like.device or not buf.is_contiguous()):
-        raise ValueError(f"{name} must be a contiguous {like.dtype} tensor shaped {tuple(like.shape)}")
-    return buf
