@@ -167,9 +167,13 @@ def attention_bwd(q, k, v, out, dout, lse, causal=False, softmax_scale=None, *, 
                for name, buf, like in (("dk", dk, k), ("dv", dv, v)) if buf is not None]
     for name, t, shape, dtype, what in checks:
         if (not isinstance(t, torch.Tensor) or t.shape != shape or t.dtype != dtype
-                or t.device != q.device or not t.is_contiguous()):
-            raise ValueError(f"{name} must be a {what}, contiguous and on {q.device}")
+                or t.device != q.device):
+            raise ValueError(f"{name} must be a {what} on {q.device}")
+    for name, buf in (("dk", dk), ("dv", dv)):  # written in place: a copy would not be seen
+        if buf is not None and not buf.is_contiguous():
+            raise ValueError(f"{name} must be contiguous (the kernel writes it in place)")
     require_device(q.device, "cuda")
+    out, dout, lse = out.contiguous(), dout.contiguous(), lse.contiguous()
     delta = (dout.float() * out.float()).sum(-1).transpose(1, 2).contiguous()
     dq_accum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     dk = torch.empty_like(k) if dk is None else dk

@@ -56,7 +56,7 @@ from ws_lab.kernels import LOG2E
 from ws_lab.kernels.decode import fused_decode_cuda, heuristics
 from ws_lab.kernels.decode.triton_common import (MIN_DOT_ROWS, arrival_counters,
                                                  bulk_prefetch_l2, has_pdl, merge_chunk,
-                                                 in_pool, outside_pool, sm_count,
+                                                 in_pool, poisoned, sm_count,
                                                  store_partials)
 
 BACKENDS = ("auto", "triton", "cuda")
@@ -116,24 +116,14 @@ def _prefetch_segment(KCache, VCache, Positions, b, kvh, seg, n_seg, n_kv_heads,
 @triton.jit
 def _token_offsets(BlockTable, b, kvh, tokens, valid, n_kv_heads, capacity, num_blocks,
                    stride_bt, PAGED: tl.constexpr, BLOCK_SIZE: tl.constexpr, D: tl.constexpr):
-    """Element offset of each token's row in the cache (int64); a paged block id outside the
-    pool reads block 0 (``in_pool``; the row is made NaN apart)."""
+    """(element offset of each token's row in the cache (int64), loaded): the valid tokens
+    whose paged block id lies in the pool are loaded (``in_pool``; ``poisoned`` makes the
+    rest's row NaN); a static cache loads every valid token."""
     if PAGED:
-        block = in_pool(tl.load(BlockTable + b * stride_bt + tokens // BLOCK_SIZE, mask=valid,
-                                other=0), num_blocks)
-        return ((block.to(tl.int64) * BLOCK_SIZE + tokens % BLOCK_SIZE) * n_kv_heads + kvh) * D
-    return ((b * n_kv_heads + kvh).to(tl.int64) * capacity + tokens) * D
-
-
-@triton.jit
-def _writable(BlockTable, b, pos, pos_ok, num_blocks, stride_bt, PAGED: tl.constexpr,
-              BLOCK_SIZE: tl.constexpr):
-    """Whether the new token's slot exists: its position in range and (paged) its block id in
-    the pool. Else nothing is written and the row comes out NaN."""
-    if PAGED:
-        block = tl.load(BlockTable + b * stride_bt + pos // BLOCK_SIZE)
-        return pos_ok & (block >= 0) & (block < num_blocks)
-    return pos_ok
+        block = tl.load(BlockTable + b * stride_bt + tokens // BLOCK_SIZE, mask=valid, other=0)
+        return (((block.to(tl.int64) * BLOCK_SIZE + tokens % BLOCK_SIZE) * n_kv_heads + kvh) * D,
+                valid & in_pool(block, num_blocks))
+    return ((b * n_kv_heads + kvh).to(tl.int64) * capacity + tokens) * D, valid
 
 
 @triton.jit
@@ -172,9 +162,10 @@ def _fused_decode_kernel(Q, KNew, VNew, KCache, VCache, Cos, Sin, Positions, Blo
 
     lo, hi = _segment(pos, seg, n_seg, TILE_N)  # cache tokens < pos; the new one comes below
     if seg == 0:
-        slot = _token_offsets(BlockTable, b, kvh, pos, pos_ok, n_kv_heads, capacity,
-                              num_blocks, stride_bt, PAGED, BLOCK_SIZE, D)
-        write = _writable(BlockTable, b, pos, pos_ok, num_blocks, stride_bt, PAGED, BLOCK_SIZE)
+        # the new token's slot exists (position in range, paged block in the pool), or
+        # nothing is written and the row comes out NaN
+        slot, write = _token_offsets(BlockTable, b, kvh, pos, pos_ok, n_kv_heads, capacity,
+                                     num_blocks, stride_bt, PAGED, BLOCK_SIZE, D)
         row_ok = d < tl.where(write, D, 0)  # a vector mask (the interpreter's stores need one)
         tl.store(KCache + slot + d, k_new, mask=row_ok)
         tl.store(VCache + slot + d, v_new.to(VCache.dtype.element_ty), mask=row_ok)
@@ -190,20 +181,20 @@ def _fused_decode_kernel(Q, KNew, VNew, KCache, VCache, Cos, Sin, Positions, Blo
     for start in range(lo, hi, TILE_N):
         tokens = start + tl.arange(0, TILE_N)
         valid = tokens < hi
-        offs = _token_offsets(BlockTable, b, kvh, tokens, valid, n_kv_heads, capacity,
-                              num_blocks, stride_bt, PAGED, BLOCK_SIZE, D)
-        k = tl.load(KCache + offs[:, None] + d[None, :], mask=valid[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k))
-        s = tl.where(valid[None, :], s * scale_log2, float("-inf"))
+        offs, loaded = _token_offsets(BlockTable, b, kvh, tokens, valid, n_kv_heads,
+                                      capacity, num_blocks, stride_bt, PAGED, BLOCK_SIZE, D)
+        k = tl.load(KCache + offs[:, None] + d[None, :], mask=loaded[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k)) * scale_log2
+        if PAGED:
+            s = poisoned(s, loaded[None, :])
+        s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m - m_new)
-        v = tl.load(VCache + offs[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+        v = tl.load(VCache + offs[:, None] + d[None, :], mask=loaded[:, None], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         l = l * alpha + tl.sum(p, axis=1)
         m = m_new
-    if PAGED:
-        l = outside_pool(l, BlockTable + b * stride_bt, lo, hi, num_blocks, BLOCK_SIZE)
     if PDL:
         gdc_launch_dependents()  # after the loop, as kernels/decode/paged.py (measured there)
     g_ok = g < GROUP

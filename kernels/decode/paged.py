@@ -44,9 +44,8 @@ from ws_lab.kernels import LOG2E
 from ws_lab.kernels.decode import heuristics, paged_cuda
 from ws_lab.kernels.decode.heuristics import DEFAULTS, LaunchConfig
 from ws_lab.kernels.decode.triton_common import (MIN_DOT_ROWS, arrival_counters, has_pdl,
-                                                 merge_chunk, merge_heads, in_pool,
-                                                 outside_pool, sm_count,
-                                                 store_partials)
+                                                 in_pool, merge_chunk, merge_heads, poisoned,
+                                                 sm_count, store_partials)
 
 BACKENDS = ("auto", "triton", "cuda")
 MODES = ("v1", "gqa", "split_k")  # the Triton kernels' modes
@@ -74,16 +73,16 @@ def _context_len(ContextLens, b, max_tokens):
 @triton.jit
 def _token_slots(block_table_row, tokens, n_ctx, num_blocks, BLOCK_SIZE: tl.constexpr,
                  WIDE: tl.constexpr):
-    """(physical block, slot, valid) of each token; tokens >= n_ctx read block 0 and are masked.
-    A block id outside [0, num_blocks) reads block 0 instead (``in_pool``), and
-    ``outside_pool`` makes the row NaN. WIDE: element offsets into the cache need 64 bits (else
-    32-bit offset tiles: half the registers of 64-bit ones)."""
+    """(physical block, slot, valid, loaded) of each token: tokens >= n_ctx are not valid, and
+    only valid tokens whose block id lies in the pool are loaded (``in_pool``; ``poisoned``
+    makes the rest's row NaN). WIDE: element offsets into the cache need 64 bits (else 32-bit
+    offset tiles: half the registers of 64-bit ones)."""
     valid = tokens < n_ctx
-    block = in_pool(tl.load(block_table_row + tokens // BLOCK_SIZE, mask=valid, other=0),
-                    num_blocks)
+    block = tl.load(block_table_row + tokens // BLOCK_SIZE, mask=valid, other=0)
+    loaded = valid & in_pool(block, num_blocks)
     if WIDE:
         block = block.to(tl.int64)
-    return block, tokens % BLOCK_SIZE, valid
+    return block, tokens % BLOCK_SIZE, valid, loaded
 
 
 @triton.jit
@@ -92,26 +91,29 @@ def _decode_v1_kernel(Q, K, V, BlockTable, ContextLens, Out, scale_log2,
                       stride_vb, stride_vs, stride_vh, stride_bt, stride_ob, stride_oh,
                       GROUP: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
                       BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, WIDE: tl.constexpr):
-    b = tl.program_id(0).to(tl.int64)  # q and out may have batch strides near 2^31
+    b = tl.program_id(0)
     h = tl.program_id(1)
     kvh = h // GROUP
     n_ctx = _context_len(ContextLens, b, max_tokens)
     d = tl.arange(0, D_PAD)
     d_ok = d < D
-    q = tl.load(Q + b * stride_qb + h * stride_qh + d, mask=d_ok, other=0.0).to(tl.float32)
+    # q and out may have batch strides near 2^31: their offsets alone are 64-bit (an int64 b
+    # made all of split_k's address math 64-bit: +35 registers; notes/triton.md, "Session 34")
+    q_at, out_at = Q + b.to(tl.int64) * stride_qb, Out + b.to(tl.int64) * stride_ob
+    q = tl.load(q_at + h * stride_qh + d, mask=d_ok, other=0.0).to(tl.float32)
     m = tl.full([1], float("-inf"), tl.float32)
     l = tl.zeros([1], tl.float32)
     acc = tl.zeros([D_PAD], tl.float32)
     for start in range(0, n_ctx, TILE):
         tokens = start + tl.arange(0, TILE)
-        block, slot, valid = _token_slots(BlockTable + b * stride_bt, tokens, n_ctx, num_blocks,
-                                          BLOCK_SIZE, WIDE)
+        block, slot, valid, loaded = _token_slots(BlockTable + b * stride_bt, tokens, n_ctx,
+                                                  num_blocks, BLOCK_SIZE, WIDE)
         rows_k = block * stride_kb + slot * stride_ks
         rows_v = block * stride_vb + slot * stride_vs
-        mask = valid[:, None] & d_ok[None, :]
+        mask = loaded[:, None] & d_ok[None, :]
         k = tl.load(K + rows_k[:, None] + kvh * stride_kh + d[None, :], mask=mask, other=0.0)
         s = tl.sum(k.to(tl.float32) * q[None, :], axis=1) * scale_log2
-        s = tl.where(valid, s, float("-inf"))
+        s = tl.where(valid, poisoned(s, loaded), float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=0))
         p = tl.exp2(s - m_new)
         alpha = tl.exp2(m - m_new)
@@ -119,10 +121,9 @@ def _decode_v1_kernel(Q, K, V, BlockTable, ContextLens, Out, scale_log2,
         acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
         l = l * alpha + tl.sum(p, axis=0)
         m = m_new
-    l = outside_pool(l, BlockTable + b * stride_bt, 0, n_ctx, num_blocks, BLOCK_SIZE)
     # an empty context (l = 0) attends to nothing: zeros; a NaN l (non-finite input) stays NaN
     out = tl.where(l != 0, acc / l, 0.0)
-    tl.store(Out + b * stride_ob + h * stride_oh + d, out.to(Out.dtype.element_ty), mask=d_ok)
+    tl.store(out_at + h * stride_oh + d, out.to(Out.dtype.element_ty), mask=d_ok)
 
 
 @triton.jit
@@ -137,7 +138,7 @@ def _decode_gqa_kernel(Q, K, V, BlockTable, ContextLens, Out, MScratch, LScratch
                        MERGE_HEADS: tl.constexpr, PDL: tl.constexpr):
     if PDL:
         gdc_wait()  # launched early (programmatic dependent launch): the inputs' writer first
-    b = tl.program_id(0).to(tl.int64)  # q and out may have batch strides near 2^31
+    b = tl.program_id(0)
     kvh = tl.program_id(1)
     seg = tl.program_id(2)
     n_ctx = _context_len(ContextLens, b, max_tokens)
@@ -148,24 +149,25 @@ def _decode_gqa_kernel(Q, K, V, BlockTable, ContextLens, Out, MScratch, LScratch
     heads = kvh * GROUP + g
     d = tl.arange(0, D_PAD)
     d_ok = d < D
-    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
+    q_at = Q + b.to(tl.int64) * stride_qb  # 64-bit, as in the v1 kernel
+    q = tl.load(q_at + heads[:, None] * stride_qh + d[None, :],
                 mask=g_ok[:, None] & d_ok[None, :], other=0.0)
     m = tl.full([G_PAD], float("-inf"), tl.float32)
     l = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D_PAD], tl.float32)
     for start in range(lo, hi, TILE):
         tokens = start + tl.arange(0, TILE)
-        block, slot, valid = _token_slots(BlockTable + b * stride_bt, tokens, hi, num_blocks,
-                                          BLOCK_SIZE, WIDE)
+        block, slot, valid, loaded = _token_slots(BlockTable + b * stride_bt, tokens, hi,
+                                                  num_blocks, BLOCK_SIZE, WIDE)
         rows_k = block * stride_kb + slot * stride_ks
         rows_v = block * stride_vb + slot * stride_vs
-        mask = valid[:, None] & d_ok[None, :]
+        mask = loaded[:, None] & d_ok[None, :]
         k = tl.load(K + rows_k[:, None] + kvh * stride_kh + d[None, :], mask=mask, other=0.0)
         if IEEE:
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
             s = tl.dot(q, tl.trans(k))
-        s = tl.where(valid[None, :], s * scale_log2, float("-inf"))
+        s = tl.where(valid[None, :], poisoned(s * scale_log2, loaded[None, :]), float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m - m_new)
@@ -177,7 +179,6 @@ def _decode_gqa_kernel(Q, K, V, BlockTable, ContextLens, Out, MScratch, LScratch
         acc = acc * alpha[:, None] + pv
         l = l * alpha + tl.sum(p, axis=1)
         m = m_new
-    l = outside_pool(l, BlockTable + b * stride_bt, lo, hi, num_blocks, BLOCK_SIZE)
     if PDL:
         # The next grid may launch now: it waits for this one to finish before it reads. Not
         # at the top: there, measured, the early grid took 12 % off the two-wave gqa rows.
@@ -190,7 +191,7 @@ def _decode_gqa_kernel(Q, K, V, BlockTable, ContextLens, Out, MScratch, LScratch
                         MERGE_IN_KERNEL)
     else:
         out = tl.where(l[:, None] != 0, acc / l[:, None], 0.0)  # empty context: zeros
-        tl.store(Out + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
+        tl.store(Out + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + d[None, :],
                  out.to(Out.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
 
 

@@ -7,27 +7,22 @@ import triton
 import triton.language as tl
 
 MIN_DOT_ROWS = 16  # tl.dot needs M >= 16
-SCAN_COLUMNS: tl.constexpr = tl.constexpr(128)  # table entries a step of ``outside_pool``
 
 
 @triton.jit
 def in_pool(block, num_blocks):
-    """Block ids as a kernel reads them: one outside [0, num_blocks) becomes block 0, so no load
-    leaves the pool; ``outside_pool`` then makes its row NaN."""
-    return tl.where((block >= 0) & (block < num_blocks), block, 0)
+    """Whether each block id lies in [0, num_blocks), in one unsigned compare: the kernels load
+    only those tokens (a masked load touches nothing), and ``poisoned`` makes the others' row
+    NaN."""
+    return block.to(tl.uint32, bitcast=True) < tl.cast(num_blocks, tl.uint32)
 
 
 @triton.jit
-def outside_pool(l, table_row, lo, hi, num_blocks, BLOCK_SIZE: tl.constexpr):
-    """l, or NaN if a block id the tokens [lo, hi) use lies outside [0, num_blocks): the row's
-    O / l comes out NaN. A pass over the segment's table entries after the main loop (they are
-    in L1 by then), so the loop carries no extra state (notes/triton.md, "Session 33, later")."""
-    outside = 0
-    for first in range(lo // BLOCK_SIZE, tl.cdiv(hi, BLOCK_SIZE), SCAN_COLUMNS):
-        cols = first + tl.arange(0, SCAN_COLUMNS)
-        ids = tl.load(table_row + cols, mask=cols < tl.cdiv(hi, BLOCK_SIZE), other=0)
-        outside += tl.sum(((ids < 0) | (ids >= num_blocks)).to(tl.int32), axis=0)
-    return tl.where(outside > 0, float("nan"), l)
+def poisoned(s, inside):
+    """Scores of the tokens whose block lies outside the pool, NaN: p, l and O carry it to the
+    row as they carry a NaN q, with no state or pass of their own. Still 1–2 % on short
+    split_k rows against no poison at all (notes/triton.md, "Session 34")."""
+    return tl.where(inside, s, float("nan"))
 
 
 @triton.jit

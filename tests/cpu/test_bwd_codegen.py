@@ -41,6 +41,8 @@ def test_backward_refuses_bad_side_inputs():
         pipelined.attention_bwd(q, k, v, q, q[:, :4], lse)
     with pytest.raises(ValueError, match="lse must be a float32 tensor of shape"):
         pipelined.attention_bwd(q, k, v, q, q, lse.double())
+    with pytest.raises(ValueError, match="dk must be contiguous"):
+        pipelined.attention_bwd(q, k, v, q, q, lse, dk=torch.zeros(1, 8, 1, 128).half()[..., ::2])
     with pytest.raises(ValueError, match="inputs must be CUDA tensors"):
         pipelined.attention_bwd(q, k, v, q, q, lse)
 
