@@ -69,7 +69,7 @@ def _lab_impl(name: str):
     return make
 
 
-def _sdpa_impl(backend_name: str):
+def sdpa_impl(backend_name: str):
     def make(q, k, v, causal):
         import torch.nn.functional as F
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -109,7 +109,7 @@ def _tileops_impl():
     return make
 
 
-def _fa_cute_impl():
+def fa_cute_impl():
     """FlashAttention's CuTe-DSL forward (flash-attn-4's ``flash_attn.cute``; on sm_90 its
     FlashAttentionForwardSm90, the FA3 design), BSHD with native GQA."""
     def make(q, k, v, causal):
@@ -146,12 +146,12 @@ def _fa3_impl():
 
 def implementations(lab_kernels: list[str]) -> dict[str, Callable]:
     impls = {name: _lab_impl(name) for name in dict.fromkeys(lab_kernels + ["pipelined"])}
-    impls["sdpa-cudnn"] = _sdpa_impl("CUDNN_ATTENTION")
-    impls["sdpa-flash"] = _sdpa_impl("FLASH_ATTENTION")
-    impls["sdpa-efficient"] = _sdpa_impl("EFFICIENT_ATTENTION")
+    impls["sdpa-cudnn"] = sdpa_impl("CUDNN_ATTENTION")
+    impls["sdpa-flash"] = sdpa_impl("FLASH_ATTENTION")
+    impls["sdpa-efficient"] = sdpa_impl("EFFICIENT_ATTENTION")
     impls["fa3"] = _fa3_impl()
     impls["tileops"] = _tileops_impl()
-    impls["fa-cute"] = _fa_cute_impl()
+    impls["fa-cute"] = fa_cute_impl()
     return impls
 
 
@@ -160,7 +160,7 @@ def implementations(lab_kernels: list[str]) -> dict[str, Callable]:
 DEFAULT_ROUNDS = 8
 
 
-def _input_sets(shape: shapes.Shape, device):
+def input_sets(shape: shapes.Shape, device):
     """Enough independent input sets that cycling through them defeats the L2 cache."""
     import torch
 
@@ -198,7 +198,7 @@ def measure(shape: shapes.Shape, impls: dict[str, Callable], is_lab: set[str],
 
     from ws_lab import oracle
 
-    sets = _input_sets(shape, "cuda")
+    sets = input_sets(shape, "cuda")
     ref, _ = oracle.attention_ref(*sets[0], causal=shape.causal)
     mask = "causal" if shape.causal else "full"
     rows, timed = [], {}
@@ -209,6 +209,14 @@ def measure(shape: shapes.Shape, impls: dict[str, Callable], is_lab: set[str],
         except Exception as exc:  # a peer that cannot run this shape shows n/a
             row.note = timing.failure_note(exc)
         rows.append(row)
+    time_rows(rows, timed, rounds, shape.flops())
+    torch.cuda.empty_cache()
+    rows.append(floor_row(shape, floor_ms(shape), shape.flops(), len(sets), rounds))
+    return rows
+
+
+def time_rows(rows: list[Row], timed: dict[str, Callable], rounds: int, flops: float) -> None:
+    """Times ``timed`` in interleaved rounds and fills each row's figures (or its failure)."""
     round_ms, failed = timing.time_rounds(timed, rounds)
     for row in rows:
         if row.impl in failed:
@@ -217,23 +225,24 @@ def measure(shape: shapes.Shape, impls: dict[str, Callable], is_lab: set[str],
             row.round_ms = ms = round_ms[row.impl]
             row.ms = statistics.median(ms)
             row.spread = (max(ms) - min(ms)) / row.ms
-            row.tflops = shape.flops() / (row.ms * 1e9)
-    torch.cuda.empty_cache()
-    floor = Row("floor", shape.name, shape.seq_len, mask, shape.dtype, floor_ms(shape))
-    floor.tflops = shape.flops() / (floor.ms * 1e9)
+            row.tflops = flops / (row.ms * 1e9)
+
+
+def floor_row(shape: shapes.Shape, ms: float, flops: float, n_sets: int, rounds: int) -> Row:
+    mask = "causal" if shape.causal else "full"
+    floor = Row("floor", shape.name, shape.seq_len, mask, shape.dtype, ms, flops / (ms * 1e9))
     floor.note = (f"max({floors.TENSOR_TFLOPS:.0f} TFLOP/s, {floors.HBM_TBPS} TB/s); "
-                  f"{len(sets)} rotating input set(s), {rounds} interleaved round(s)")
-    rows.append(floor)
-    return rows
+                  f"{n_sets} rotating input set(s), {rounds} interleaved round(s)")
+    return floor
 
 
 def _fmt(x, spec):
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
-def table(rows: list[Row]) -> str:
+def table(rows: list[Row], peers: list[str] = PEERS) -> str:
     head = (["impl", "shape", "mask", "dtype", "ms", "spread", "TFLOPS", "rel-err"]
-            + [GAP_LABEL[p] for p in PEERS])
+            + [GAP_LABEL[p] for p in peers])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     by_case = itertools.groupby(rows, key=lambda r: (r.shape, r.mask, r.dtype))
     for _, case in by_case:
@@ -242,7 +251,7 @@ def table(rows: list[Row]) -> str:
         for r in case:
             # three decimals: a parity call (≥ 1.0× a peer) needs the third
             gaps = [_fmt(peer_ms.get(p) / r.ms if peer_ms.get(p) and r.ms else None, ".3f")
-                    for p in PEERS]
+                    for p in peers]
             spread = "n/a" if r.spread is None else f"{100 * r.spread:.1f}%"
             cells = [r.impl, r.shape, r.mask, r.dtype, _fmt(r.ms, ".4f"), spread,
                      _fmt(r.tflops, ".0f"), _fmt(r.rel_err, ".1e")] + gaps
@@ -304,7 +313,8 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def parse_args(argv, default_shapes: list[str], extra: Callable | None = None):
+def parse_args(argv, default_shapes: list[str], extra: Callable | None = None,
+               peers: list[str] = PEERS):
     from ws_lab import cli
 
     ap = cli.ArgumentParser(description=(sys.modules["__main__"].__doc__ or "").split("\n\n")[0]
@@ -328,7 +338,7 @@ def parse_args(argv, default_shapes: list[str], extra: Callable | None = None):
                          "pip install -e '.[plot]')")
     ap.add_argument("--impl", action="append", default=None,
                     help="time only this implementation (repeatable; a lab kernel of the script "
-                         "or a peer: " + ", ".join(PEERS) + "); for long parity runs")
+                         "or a peer: " + ", ".join(peers) + "); for long parity runs")
     if extra:
         extra(ap)
     args = ap.parse_args(argv)
@@ -342,11 +352,26 @@ def parse_args(argv, default_shapes: list[str], extra: Callable | None = None):
     return args
 
 
-def main(kernels: list[str], default_shapes: list[str], argv=None) -> list[Row]:
-    """Entry point of every ``bench/*.py``: the lab kernels to measure and the default shapes."""
+@dataclass(frozen=True)
+class Suite:
+    """What a runner measures: the peers (its gap columns, in order), their implementations
+    for a list of lab kernels, and one shape's measurement."""
+    peers: list[str]
+    implementations: Callable[[list[str]], dict[str, Callable]]
+    measure: Callable[..., list[Row]]
+
+
+FORWARD = Suite(PEERS, implementations, measure)
+
+
+def main(kernels: list[str], default_shapes: list[str], argv=None,
+         suite: Suite = FORWARD) -> list[Row]:
+    """Entry point of every ``bench/*.py``: the lab kernels to measure, the default shapes and
+    the suite (the forward's, or ``bench_bwd.BACKWARD``)."""
     from ws_lab import cli
 
-    return cli.main(lambda a: run(kernels, parse_args(a, default_shapes)), argv)
+    return cli.main(lambda a: run(kernels, parse_args(a, default_shapes, peers=suite.peers),
+                                  suite), argv)
 
 
 def _refuse_unsupported(kernels: list[str], cases: list[shapes.Shape]) -> None:
@@ -366,11 +391,11 @@ def needs_gpu(option: str):
     return cli.UsageError(f"{option} needs timings, and there is no CUDA device here")
 
 
-def run(kernels: list[str], args) -> list[Row]:
+def run(kernels: list[str], args, suite: Suite = FORWARD) -> list[Row]:
     import torch
 
     _refuse_unsupported(kernels, args.cases)
-    order = kernels + [p for p in PEERS if p not in kernels]
+    order = kernels + [p for p in suite.peers if p not in kernels]
     unknown = sorted(set(args.impl or ()) - set(order))
     if unknown:
         from ws_lab import cli
@@ -384,14 +409,15 @@ def run(kernels: list[str], args) -> list[Row]:
         if args.json:
             args.json.write_text(json.dumps({"device": None, "static_report": records}, indent=1))
         return []
-    impls = implementations(kernels)
+    impls = suite.implementations(kernels)
     impls = {name: impls[name] for name in order if not args.impl or name in args.impl}
+    is_lab = {name for name in impls if name in registry.KERNELS}
     rows = []
     for shape in args.cases:
-        rows += measure(shape, impls, set(kernels) | {"pipelined"}, args.rounds)
+        rows += suite.measure(shape, impls, is_lab, args.rounds)
     device = torch.cuda.get_device_name()
     print(f"\n{device}, torch {torch.__version__}; ×peer = peer ms / row ms\n")
-    print(table(rows))
+    print(table(rows, suite.peers))
     if args.json:
         args.json.write_text(json.dumps({"device": device, "rows": [asdict(r) for r in rows]},
                                         indent=1))

@@ -95,3 +95,34 @@ def test_rounds_must_be_positive():
     with pytest.raises(SystemExit):
         bench.parse_args(["--rounds", "0"], ["llama8b-4k"])
     assert bench.parse_args(["--rounds", "5"], ["llama8b-4k"]).rounds == 5
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_peers_time_the_backward_through_autograd(causal):
+    """The backward suite's autograd peer (here SDPA's math backend, which runs on a CPU): one
+    forward, then each call replays the backward alone, GQA group sums included, and gives
+    the float64 oracle's gradients (a call twice gives them twice: the graph is kept)."""
+    import torch
+
+    from ws_lab import bench_bwd, oracle
+
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 33, 6, 16, generator=gen)
+    k, v = (torch.randn(2, 33, 2, 16, generator=gen) for _ in range(2))
+    dout = torch.randn(q.shape, generator=gen)
+    call = bench_bwd.autograd_impl(bench.sdpa_impl("MATH"))(q, k, v, None, dout, None, causal)
+    want = oracle.attention_bwd_ref(q, k, v, dout, causal=causal)
+    for grads in (call(), call()):
+        assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+        for got, ref in zip(grads, want):
+            assert oracle.rel_l2(got, ref) < 1e-5
+
+
+def test_the_backward_table_has_the_backward_peers_columns():
+    from ws_lab import bench_bwd
+
+    rows = [bench.Row(name, "train8b-4k", 4096, "full", "bfloat16", ms=ms)
+            for name, ms in (("bwd-pipelined", 2.0), ("tileops", 1.0), ("sdpa-flash", 4.0))]
+    head, _, lab = bench.table(rows, bench_bwd.PEERS).splitlines()[:3]
+    assert "×TileOPs" in head and "×FA3" not in head and "×pipelined" not in head
+    assert "| 0.500 | 2.000 | n/a | n/a | n/a |" in lab

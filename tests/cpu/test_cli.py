@@ -57,6 +57,8 @@ def _assert_usage_error(done, *phrases):
     (["bench/paged.py", "--block-size", "12"], ["--block-size must be a power of two"]),
     (["bench/paged.py", "--config", "1,2"], ["--config takes 4 to 6"]),
     (["bench/decode.py", "--row", "gpt5"], ["no row starts with ['gpt5']", "qwen2.5-0.5b"]),
+    (["bench/bwd.py", "--impl", "fa3"], ["--impl 'fa3' is not timed here", "tileops"]),
+    (["bench/bwd.py", "--shape", "largehdv-2k"], ["does not support largehdv-2k"]),
 ], ids=lambda v: " ".join(v) if isinstance(v, list) and v and v[0] != "no" else None)
 def test_user_mistakes_are_one_line_and_exit_2(argv, phrases):
     _assert_usage_error(_run(*argv), *phrases)
@@ -197,6 +199,13 @@ def test_rollout_bench_without_a_gpu_writes_the_step_kernels_static_report(tmp_p
     assert "no CUDA device" in done.stdout and "UBLKPF 1" in records[3]["report"]
     assert "UBLKPF 0" not in records[4]["report"] and "UBLKPF" in records[4]["report"]
     assert "HGMMA: 64x64x16.F32.BF16" in records[0]["report"]
+
+
+def test_bwd_bench_without_a_gpu_writes_the_backwards_static_report(tmp_path):
+    records, _ = _static_json(tmp_path, "bench/bwd.py", "--shape", "train8b-4k", "--dtype",
+                              "bf16")
+    assert [r["kernel"] for r in records] == ["bwd-pipelined"]
+    assert "64x128x16.F32.BF16.RS" in records[0]["report"]
 
 
 def test_bench_scripts_import_the_checkout_they_run_from(tmp_path):
