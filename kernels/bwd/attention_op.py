@@ -2,7 +2,8 @@
 TileLang kernel (``kernels/fwd/pipelined.py``) with its lse output; the backward is
 ``pipelined.attention_bwd`` (this folder), as the opaque op ``ws_lab::attention_bwd`` so
 ``torch.compile`` traces both through their fakes. lse is returned for inspection and is not
-differentiable."""
+differentiable. ``deterministic=True`` makes the backward bitwise repeatable
+(``pipelined.attention_bwd``'s dQ kernel in place of its atomics)."""
 from typing import Optional
 
 import torch
@@ -19,13 +20,14 @@ def _check(q, k, v, causal, softmax_scale):
 
 @torch.library.custom_op("ws_lab::attention", mutates_args=())
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-              softmax_scale: Optional[float]) -> tuple[torch.Tensor, torch.Tensor]:
+              softmax_scale: Optional[float],
+              deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     _check(q, k, v, causal, softmax_scale)
     return fwd.attention(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True)
 
 
 @attention.register_fake
-def _(q, k, v, causal, softmax_scale):
+def _(q, k, v, causal, softmax_scale, deterministic=False):
     dims = _check(q, k, v, causal, softmax_scale)
     return (q.new_empty(q.shape), q.new_empty((dims.batch, dims.heads, dims.seq_len),
                                               dtype=torch.float32))
@@ -34,30 +36,31 @@ def _(q, k, v, causal, softmax_scale):
 @torch.library.custom_op("ws_lab::attention_bwd", mutates_args=())
 def attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                   dout: torch.Tensor, lse: torch.Tensor, causal: bool,
-                  softmax_scale: Optional[float]) -> tuple[torch.Tensor, torch.Tensor,
-                                                           torch.Tensor]:
-    return bwd.attention_bwd(q, k, v, out, dout, lse, causal, softmax_scale)
+                  softmax_scale: Optional[float],
+                  deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return bwd.attention_bwd(q, k, v, out, dout, lse, causal, softmax_scale,
+                             deterministic=deterministic)
 
 
 @attention_bwd.register_fake
-def _(q, k, v, out, dout, lse, causal, softmax_scale):
+def _(q, k, v, out, dout, lse, causal, softmax_scale, deterministic=False):
     _check(q, k, v, causal, softmax_scale)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, causal, softmax_scale = inputs
+    q, k, v, causal, softmax_scale, deterministic = inputs
     out, lse = output
     ctx.mark_non_differentiable(lse)
     ctx.save_for_backward(q, k, v, out, lse)
-    ctx.causal, ctx.softmax_scale = causal, softmax_scale
+    ctx.causal, ctx.softmax_scale, ctx.deterministic = causal, softmax_scale, deterministic
 
 
 def _backward(ctx, dout, _dlse):
     q, k, v, out, lse = ctx.saved_tensors
     dq, dk, dv = torch.ops.ws_lab.attention_bwd(q, k, v, out, dout.contiguous(), lse, ctx.causal,
-                                                ctx.softmax_scale)
-    return dq, dk, dv, None, None
+                                                ctx.softmax_scale, ctx.deterministic)
+    return dq, dk, dv, None, None, None
 
 
 attention.register_autograd(_backward, setup_context=_setup_context)

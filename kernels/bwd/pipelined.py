@@ -17,7 +17,16 @@ Shared memory at D 128 and the default tiles (bm 128 K/V rows, bn 32 Q rows, 2 s
   V 64 KB, the Q and dO rings 32 KB, dSᵀ 8 KB, lse and Δ 0.5 KB: 108544 B as lowered (the
   dK / dV store buffer reuses freed space).
 Causal steps start at the first Q tile that sees the K/V tile; the tiles that straddle the
-diagonal, and the ragged last Q and K/V tiles, are masked. Not yet run on a GPU (notes/bwd.md).
+diagonal, and the ragged last Q and K/V tiles, are masked. Correct on the H100 over the grid of
+tests/ws/test_bwd.py; not yet timed (notes/bwd.md).
+
+Deterministic mode (``attention_bwd(..., deterministic=True)``): the main kernel without dQ
+(``with_dq=False``: four GEMMs), then ``flash_bwd_dq``, FA2's separate dQ pass in place of FA3's
+semaphore-ordered atomics. A CTA holds 128 Q rows of one head (two consumer warpgroups, the
+same producer split) and walks the 64-row K/V tiles in order: S = Q Kᵀ and dP = dO Vᵀ (SS,
+recomputed), dQ += dS K (RS), written once in q's dtype. Shared memory at D 128: Q and dO
+64 KB, the K and V rings (2 stages) 64 KB, lse and Δ: 133120 B as lowered (the dQ store buffer
+reuses freed space). Not yet run on a GPU.
 """
 import functools
 import math
@@ -46,34 +55,24 @@ class Config:
 # registers a thread beside dK and dV's 64 each: no spill at 168 (bm 128 / bn 64 spilled 128 B
 # and serialized its wgmma; notes/bwd.md).
 DEFAULT = Config(block_kv=128, block_q=32, threads=256, num_stages=2)
+# The dQ kernel's tiles (deterministic mode): 128 Q rows over two consumer warpgroups, 64 K/V
+# rows a step (dQ 64 + S 32 + dP 32 registers a thread at D 128).
+DQ_DEFAULT = Config(block_kv=64, block_q=128, threads=256, num_stages=2)
 
 
 def flash_bwd(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softmax_scale,
-              cfg: Config = DEFAULT):
+              cfg: Config = DEFAULT, with_dq: bool = True):
     """The main kernel: (Q, K, V, dO, LSE (B, Hq, S) natural log, Δ (B, Hq, S)) -> dQ_accum
-    (fp32, added to), dK, dV (dtype)."""
+    (fp32, added to), dK, dV (dtype). Without ``with_dq`` (the deterministic mode) it has no dQ
+    parameter and computes dK and dV only: ``flash_bwd_dq`` makes dQ."""
     bm, bn, group = cfg.block_kv, cfg.block_q, heads // kv_heads
     scale_log2 = softmax_scale * LOG2E
     accum = "float"
     n_qtiles = (seq_len + bn - 1) // bn
+    live = _live(seq_len, causal)
 
-    def live(key, query):
-        """(key, query) inside the sequence, and not in the future under the causal mask."""
-        inside = (key < seq_len) & (query < seq_len)
-        return inside & (key <= query) if causal else inside
-
-    @T.prim_func
-    def main(
-        Q: T.Tensor([batch, seq_len, heads, head_dim], dtype),
-        K: T.Tensor([batch, seq_len, kv_heads, head_dim], dtype),
-        V: T.Tensor([batch, seq_len, kv_heads, head_dim], dtype),
-        dO: T.Tensor([batch, seq_len, heads, head_dim], dtype),
-        LSE: T.Tensor([batch, heads, seq_len], accum),
-        Delta: T.Tensor([batch, heads, seq_len], accum),
-        dQ: T.Tensor([batch, seq_len, heads, head_dim], accum),
-        dK: T.Tensor([batch, seq_len, kv_heads, head_dim], dtype),
-        dV: T.Tensor([batch, seq_len, kv_heads, head_dim], dtype),
-    ):
+    @T.macro
+    def body(Q, K, V, dO, LSE, Delta, dQ, dK, dV):
         with T.Kernel(T.ceildiv(seq_len, bm), kv_heads, batch, threads=cfg.threads) as (
                 bx, kvh, bz):
             k_s = T.alloc_shared([bm, head_dim], dtype)
@@ -87,10 +86,11 @@ def flash_bwd(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softmax_
             dpt = T.alloc_fragment([bm, bn], accum)
             pt = T.alloc_fragment([bm, bn], dtype)
             dst = T.alloc_fragment([bm, bn], dtype)
-            dqt = T.alloc_fragment([head_dim, bn], accum)  # dQᵀ: D is the M side (swapAB)
             dk = T.alloc_fragment([bm, head_dim], accum)
             dv = T.alloc_fragment([bm, head_dim], accum)
             dkv_s = T.alloc_shared([bm, head_dim], dtype)
+            if with_dq:
+                dqt = T.alloc_fragment([head_dim, bn], accum)  # dQᵀ: D is the M side (swapAB)
 
             T.copy(K[bz, bx * bm:(bx + 1) * bm, kvh, :], k_s)
             T.copy(V[bz, bx * bm:(bx + 1) * bm, kvh, :], v_s)
@@ -122,15 +122,102 @@ def flash_bwd(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softmax_
                 # RS operand fragment to shared memory writes wrong data (tilelang #2954)
                 T.copy(dst, ds_s)
                 T.gemm(ds_s, q_s, dk, policy=T.GemmWarpPolicy.FullRow)
-                T.clear(dqt)
-                T.gemm(k_s, ds_s, dqt, transpose_A=True, policy=T.GemmWarpPolicy.FullRow)
-                for d, j in T.Parallel(head_dim, bn):
-                    if qt * bn + j < seq_len:
-                        T.atomic_add(dQ[bz, qt * bn + j, h, d], dqt[d, j])
+                if with_dq:
+                    T.clear(dqt)
+                    T.gemm(k_s, ds_s, dqt, transpose_A=True, policy=T.GemmWarpPolicy.FullRow)
+                    for d, j in T.Parallel(head_dim, bn):
+                        if qt * bn + j < seq_len:
+                            T.atomic_add(dQ[bz, qt * bn + j, h, d], dqt[d, j])
             T.copy(dk, dkv_s)
             T.copy(dkv_s, dK[bz, bx * bm:(bx + 1) * bm, kvh, :])
             T.copy(dv, dkv_s)
             T.copy(dkv_s, dV[bz, bx * bm:(bx + 1) * bm, kvh, :])
+
+    q_t = T.Tensor([batch, seq_len, heads, head_dim], dtype)
+    kv_t = T.Tensor([batch, seq_len, kv_heads, head_dim], dtype)
+    row_t = T.Tensor([batch, heads, seq_len], accum)
+    if with_dq:
+        @T.prim_func
+        def main(Q: q_t, K: kv_t, V: kv_t, dO: q_t, LSE: row_t, Delta: row_t,
+                 dQ: T.Tensor([batch, seq_len, heads, head_dim], accum), dK: kv_t, dV: kv_t):
+            body(Q, K, V, dO, LSE, Delta, dQ, dK, dV)
+
+        return main
+
+    @T.prim_func
+    def main_dkdv(Q: q_t, K: kv_t, V: kv_t, dO: q_t, LSE: row_t, Delta: row_t, dK: kv_t,
+                  dV: kv_t):
+        body(Q, K, V, dO, LSE, Delta, None, dK, dV)
+
+    return main_dkdv
+
+
+def _live(seq_len, causal):
+    def live(key, query):
+        """(key, query) inside the sequence, and not in the future under the causal mask."""
+        inside = (key < seq_len) & (query < seq_len)
+        return inside & (key <= query) if causal else inside
+
+    return live
+
+
+def flash_bwd_dq(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softmax_scale,
+                 cfg: Config = DQ_DEFAULT):
+    """The deterministic mode's dQ kernel (FA2's separate dQ pass, in place of FA3's
+    semaphore-ordered atomics): a CTA holds one Q tile of one head and walks the K/V tiles in
+    order, S and dP recomputed (3 GEMMs a step: S = Q Kᵀ, dP = dO Vᵀ SS; dQ += dS K RS), dQ
+    summed in registers and written once in q's dtype: bitwise repeatable."""
+    bm, bn, group = cfg.block_q, cfg.block_kv, heads // kv_heads
+    scale_log2 = softmax_scale * LOG2E
+    accum = "float"
+    n_ktiles = (seq_len + bn - 1) // bn
+    live = _live(seq_len, causal)
+
+    @T.prim_func
+    def main(
+        Q: T.Tensor([batch, seq_len, heads, head_dim], dtype),
+        K: T.Tensor([batch, seq_len, kv_heads, head_dim], dtype),
+        V: T.Tensor([batch, seq_len, kv_heads, head_dim], dtype),
+        dO: T.Tensor([batch, seq_len, heads, head_dim], dtype),
+        LSE: T.Tensor([batch, heads, seq_len], accum),
+        Delta: T.Tensor([batch, heads, seq_len], accum),
+        dQ: T.Tensor([batch, seq_len, heads, head_dim], dtype),
+    ):
+        with T.Kernel(T.ceildiv(seq_len, bm), heads, batch, threads=cfg.threads) as (bx, h, bz):
+            q_s = T.alloc_shared([bm, head_dim], dtype)
+            do_s = T.alloc_shared([bm, head_dim], dtype)
+            k_s = T.alloc_shared([bn, head_dim], dtype)
+            v_s = T.alloc_shared([bn, head_dim], dtype)
+            lse_s = T.alloc_shared([bm], accum)
+            delta_s = T.alloc_shared([bm], accum)
+            s = T.alloc_fragment([bm, bn], accum)
+            dp = T.alloc_fragment([bm, bn], accum)
+            ds = T.alloc_fragment([bm, bn], dtype)
+            dq = T.alloc_fragment([bm, head_dim], accum)
+            dq_s = T.alloc_shared([bm, head_dim], dtype)
+
+            T.copy(Q[bz, bx * bm:(bx + 1) * bm, h, :], q_s)
+            T.copy(dO[bz, bx * bm:(bx + 1) * bm, h, :], do_s)
+            T.copy(LSE[bz, h, bx * bm:(bx + 1) * bm], lse_s)
+            T.copy(Delta[bz, h, bx * bm:(bx + 1) * bm], delta_s)
+            T.clear(dq)
+            # K/V tiles right of the diagonal never meet this Q tile
+            steps = T.min(n_ktiles, T.ceildiv((bx + 1) * bm, bn)) if causal else n_ktiles
+            for kt in T.Pipelined(steps, num_stages=cfg.num_stages):
+                T.copy(K[bz, kt * bn:(kt + 1) * bn, h // group, :], k_s)
+                T.copy(V[bz, kt * bn:(kt + 1) * bn, h // group, :], v_s)
+                T.clear(s)
+                T.gemm(q_s, k_s, s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+                T.clear(dp)
+                T.gemm(do_s, v_s, dp, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+                for i, j in T.Parallel(bm, bn):
+                    ds[i, j] = T.if_then_else(
+                        live(kt * bn + j, bx * bm + i),
+                        T.exp2(s[i, j] * scale_log2 - lse_s[i] * LOG2E)
+                        * (dp[i, j] - delta_s[i]) * softmax_scale, 0)
+                T.gemm(ds, k_s, dq, policy=T.GemmWarpPolicy.FullRow)
+            T.copy(dq, dq_s)
+            T.copy(dq_s, dQ[bz, bx * bm:(bx + 1) * bm, h, :])
 
     return main
 
@@ -146,17 +233,25 @@ def prim_func_for(shape, config: Config = DEFAULT):
 
 
 @functools.lru_cache(maxsize=None)
-def compiled(*args):
-    return compile_sm90a(flash_bwd(*args))
+def compiled(*args, with_dq=True):
+    return compile_sm90a(flash_bwd(*args, with_dq=with_dq))
 
 
-def attention_bwd(q, k, v, out, dout, lse, causal=False, softmax_scale=None, *, dk=None,
-                  dv=None, config: Config = DEFAULT):
+@functools.lru_cache(maxsize=None)
+def compiled_dq(*args):
+    return compile_sm90a(flash_bwd_dq(*args))
+
+
+def attention_bwd(q, k, v, out, dout, lse, causal=False, softmax_scale=None, *, dq=None,
+                  dk=None, dv=None, deterministic=False, config: Config = DEFAULT,
+                  dq_config: Config = DQ_DEFAULT):
     """(dq, dk, dv) of BSHD GQA attention, in q's dtype: q (B, S, Hq, D), k / v (B, S, Hkv, D),
     the forward's out and the upstream dout (B, S, Hq, D), lse (B, Hq, S) fp32 natural log.
     Δ = rowsum(dout ∘ out) and the cleared fp32 dQ accumulator are torch ops here (FA3's
-    preprocess kernel is still to come), as is dQ's final cast. ``dk`` / ``dv``: output
-    buffers shaped as k / v (every element is written)."""
+    preprocess kernel is still to come), as is dQ's final cast. ``dq`` / ``dk`` / ``dv``:
+    output buffers shaped as q / k / v (every element is written). ``deterministic``: dQ from
+    ``flash_bwd_dq`` (a fixed order, no atomics; bitwise repeatable) instead of the main
+    kernel's atomics, at two recomputed GEMMs a step."""
     dims = validate_attention_inputs(q, k, v, supported_head_dims=HEAD_DIMS,
                                      softmax_scale=softmax_scale, causal=causal, devices="any")
     q_like = f"{q.dtype} tensor of q's shape {tuple(q.shape)}"
@@ -164,21 +259,27 @@ def attention_bwd(q, k, v, out, dout, lse, causal=False, softmax_scale=None, *, 
     checks = [("out", out, q.shape, q.dtype, q_like), ("dout", dout, q.shape, q.dtype, q_like),
               ("lse", lse, want, torch.float32, f"float32 tensor of shape (B, Hq, S) = {want}")]
     checks += [(name, buf, like.shape, like.dtype, f"{like.dtype} tensor shaped {tuple(like.shape)}")
-               for name, buf, like in (("dk", dk, k), ("dv", dv, v)) if buf is not None]
+               for name, buf, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v))
+               if buf is not None]
     for name, t, shape, dtype, what in checks:
         if (not isinstance(t, torch.Tensor) or t.shape != shape or t.dtype != dtype
                 or t.device != q.device):
             raise ValueError(f"{name} must be a {what} on {q.device}")
-    for name, buf in (("dk", dk), ("dv", dv)):  # written in place: a copy would not be seen
+    for name, buf in (("dq", dq), ("dk", dk), ("dv", dv)):  # written in place
         if buf is not None and not buf.is_contiguous():
             raise ValueError(f"{name} must be contiguous (the kernel writes it in place)")
     require_device(q.device, "cuda")
     out, dout, lse = out.contiguous(), dout.contiguous(), lse.contiguous()
     delta = (dout.float() * out.float()).sum(-1).transpose(1, 2).contiguous()
-    dq_accum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     dk = torch.empty_like(k) if dk is None else dk
     dv = torch.empty_like(v) if dv is None else dv
-    kernel = compiled(dims.batch, dims.seq_len, dims.heads, dims.kv_heads, dims.head_dim,
-                      bool(causal), dims.tl_dtype, dims.softmax_scale, config)
-    kernel(q, k, v, dout, lse, delta, dq_accum, dk, dv)
-    return dq_accum.to(q.dtype), dk, dv
+    problem = (dims.batch, dims.seq_len, dims.heads, dims.kv_heads, dims.head_dim, bool(causal),
+               dims.tl_dtype, dims.softmax_scale)
+    dq = torch.empty_like(q) if dq is None else dq
+    if deterministic:
+        compiled(*problem, config, with_dq=False)(q, k, v, dout, lse, delta, dk, dv)
+        compiled_dq(*problem, dq_config)(q, k, v, dout, lse, delta, dq)
+        return dq, dk, dv
+    dq_accum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    compiled(*problem, config)(q, k, v, dout, lse, delta, dq_accum, dk, dv)
+    return dq.copy_(dq_accum), dk, dv

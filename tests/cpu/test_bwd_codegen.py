@@ -33,6 +33,30 @@ def test_backward_compiles_to_five_wgmma_gemms_without_spills(tmp_path, head_dim
     assert emitted.threads == cfg.threads + 128  # the consumers and TileLang's producer
 
 
+@needs_nvcc
+@pytest.mark.parametrize("head_dim,causal", [(128, False), (64, True)])
+def test_deterministic_mode_compiles_to_wgmma_without_spills(tmp_path, head_dim, causal):
+    """The deterministic mode's two kernels: the main kernel without dQ (four GEMMs: Sᵀ, dPᵀ,
+    dK from shared memory, dV with Pᵀ from registers) and the dQ kernel (S and dP from shared
+    memory, dQ with dS from registers), each with the producer / consumer split and no
+    spill."""
+    shape = shapes.Shape("bwd-det", 2, 8, 2, 1000, head_dim, head_dim, causal, "bfloat16")
+    args = (2, 1000, 8, 2, head_dim, causal, "bfloat16", head_dim ** -0.5)
+    main, dq_cfg = pipelined.DEFAULT, pipelined.DQ_DEFAULT
+    expected = {
+        "dkdv": (pipelined.flash_bwd(*args, with_dq=False),
+                 2 * (head_dim // 16) + main.block_q // 16, main.block_q // 16),
+        "dq": (pipelined.flash_bwd_dq(*args), 2 * (head_dim // 16), dq_cfg.block_kv // 16)}
+    for name, (func, want_ss, want_rs) in expected.items():
+        summary = emit.inspect(emit.lower_variant("bwd-pipelined", shape, func, None),
+                               tmp_path / name)
+        ss = sum(n for kind, n in summary.hgmma.items() if not kind.endswith(".RS"))
+        rs = sum(n for kind, n in summary.hgmma.items() if kind.endswith(".RS"))
+        assert (ss, rs) == (want_ss, want_rs), (name, summary.hgmma)
+        assert sorted(set(summary.setmaxnreg)) == ["DEALLOC 24", "TRY_ALLOC 240"], name
+        assert summary.spill_bytes == 0 and summary.stack_frame == 0, summary.format()
+
+
 def test_backward_refuses_bad_side_inputs():
     q = torch.zeros(1, 8, 2, 64, dtype=torch.float16)
     k = v = torch.zeros(1, 8, 1, 64, dtype=torch.float16)

@@ -32,8 +32,9 @@ def grad_error(got, ref) -> float:
     return oracle.rel_l2(got, ref)
 
 
-@pytest.mark.parametrize("head_dim,causal,dtype,group,seq_len", CASES)
-def test_backward_matches_the_oracle(head_dim, causal, dtype, group, seq_len):
+def problem(head_dim, causal, dtype, group, seq_len):
+    """Fresh random (q, k, v, out, dout, lse) of a grid case, out and lse from the oracle (out
+    as the strided view it returns), and the oracle's (dq, dk, dv)."""
     import torch
 
     dt = getattr(torch, dtype)
@@ -43,12 +44,41 @@ def test_backward_matches_the_oracle(head_dim, causal, dtype, group, seq_len):
             for _ in range(2))
     dout = torch.randn_like(q)
     out, lse = oracle.attention_ref(q, k, v, causal=causal)
-    dk, dv = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
-    dq, dk, dv = pipelined.attention_bwd(q, k, v, out.to(dt), dout, lse.float(), causal,
-                                         dk=dk, dv=dv)
-    want = oracle.attention_bwd_ref(q, k, v, dout, causal=causal)
-    for name, got, ref in zip(("dq", "dk", "dv"), (dq, dk, dv), want):
+    inputs = (q, k, v, out.to(dt), dout, lse.float())
+    return inputs, oracle.attention_bwd_ref(q, k, v, dout, causal=causal)
+
+
+def poisoned_grads(q, k, v):
+    import torch
+
+    return dict(dq=torch.full_like(q, float("nan")), dk=torch.full_like(k, float("nan")),
+                dv=torch.full_like(v, float("nan")))
+
+
+@pytest.mark.parametrize("head_dim,causal,dtype,group,seq_len", CASES)
+def test_backward_matches_the_oracle(head_dim, causal, dtype, group, seq_len):
+    inputs, want = problem(head_dim, causal, dtype, group, seq_len)
+    grads = pipelined.attention_bwd(*inputs, causal, **poisoned_grads(*inputs[:3]))
+    for name, got, ref in zip(("dq", "dk", "dv"), grads, want):
         assert grad_error(got, ref) < TOLERANCE[dtype], name
+
+
+@pytest.mark.parametrize("head_dim,causal,dtype,group,seq_len", CASES[::3])
+def test_deterministic_mode_matches_the_oracle_and_repeats_bitwise(head_dim, causal, dtype,
+                                                                   group, seq_len):
+    """dQ from the dQ kernel (no atomics): within the grid's bound, and 20 more runs into fresh
+    NaN-poisoned buffers give the first run's dq, dk and dv bit for bit."""
+    import torch
+
+    inputs, want = problem(head_dim, causal, dtype, group, seq_len)
+    first = pipelined.attention_bwd(*inputs, causal, deterministic=True,
+                                    **poisoned_grads(*inputs[:3]))
+    for name, got, ref in zip(("dq", "dk", "dv"), first, want):
+        assert grad_error(got, ref) < TOLERANCE[dtype], name
+    for _ in range(20):
+        again = pipelined.attention_bwd(*inputs, causal, deterministic=True,
+                                        **poisoned_grads(*inputs[:3]))
+        assert all(torch.equal(a, b) for a, b in zip(again, first))
 
 
 @pytest.mark.parametrize("causal", [False, True])
