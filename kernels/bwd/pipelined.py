@@ -5,7 +5,8 @@ FA3 counterpart: ``hopper/mainloop_bwd_sm90_tma_gmma_ws.hpp`` in structure, not 
 CTA holds one K/V tile of one KV head and loops over the Q tiles of every query head of its
 group, so dK and dV are summed over the group in registers (no atomics, no second pass), and
 written once in the input dtype. dQ is summed in fp32 by atomic adds into an accumulator
-(B, S, Hq, D) that ``attention_bwd`` clears first and casts last. TileLang's automatic warp
+(B, S, Hq, D) that ``prepost.preprocess`` clears (beside Δ) and ``prepost.postprocess``
+casts to q's dtype (FA3's two small kernels, ``kernels/bwd/prepost.py``). TileLang's automatic warp
 specialization on sm_90a splits the ``T.Pipelined`` loop into a producer warpgroup (the Q and
 dO tiles, ``setmaxnreg`` 24) and ``threads / 128`` consumer warpgroups (``setmaxnreg`` 240).
 
@@ -38,6 +39,7 @@ import torch
 from ws_lab.check import (Support, head_dims_supported, require_device,
                           validate_attention_inputs)
 from ws_lab.kernels import LOG2E
+from ws_lab.kernels.bwd import prepost
 from ws_lab.target import compile_sm90a
 
 HEAD_DIMS = ((64, 64), (128, 128))
@@ -247,8 +249,8 @@ def attention_bwd(q, k, v, out, dout, lse, causal=False, softmax_scale=None, *, 
                   dq_config: Config = DQ_DEFAULT):
     """(dq, dk, dv) of BSHD GQA attention, in q's dtype: q (B, S, Hq, D), k / v (B, S, Hkv, D),
     the forward's out and the upstream dout (B, S, Hq, D), lse (B, Hq, S) fp32 natural log.
-    Δ = rowsum(dout ∘ out) and the cleared fp32 dQ accumulator are torch ops here (FA3's
-    preprocess kernel is still to come), as is dQ's final cast. ``dq`` / ``dk`` / ``dv``:
+    Δ = rowsum(dout ∘ out) and the cleared fp32 dQ accumulator come from ``prepost.preprocess``,
+    dQ's cast from ``prepost.postprocess`` (FA3's two small kernels). ``dq`` / ``dk`` / ``dv``:
     output buffers shaped as q / k / v (every element is written). ``deterministic``: dQ from
     ``flash_bwd_dq`` (a fixed order, no atomics; bitwise repeatable) instead of the main
     kernel's atomics, at two recomputed GEMMs a step."""
@@ -270,16 +272,20 @@ def attention_bwd(q, k, v, out, dout, lse, causal=False, softmax_scale=None, *, 
             raise ValueError(f"{name} must be contiguous (the kernel writes it in place)")
     require_device(q.device, "cuda")
     out, dout, lse = out.contiguous(), dout.contiguous(), lse.contiguous()
-    delta = (dout.float() * out.float()).sum(-1).transpose(1, 2).contiguous()
     dk = torch.empty_like(k) if dk is None else dk
     dv = torch.empty_like(v) if dv is None else dv
     problem = (dims.batch, dims.seq_len, dims.heads, dims.kv_heads, dims.head_dim, bool(causal),
                dims.tl_dtype, dims.softmax_scale)
     dq = torch.empty_like(q) if dq is None else dq
+    rows = (dims.batch, dims.seq_len, dims.heads, dims.head_dim, dims.tl_dtype)
+    delta = torch.empty(want, dtype=torch.float32, device=q.device)
     if deterministic:
+        prepost.compiled_preprocess(*rows, clear_dq=False)(out, dout, delta)
         compiled(*problem, config, with_dq=False)(q, k, v, dout, lse, delta, dk, dv)
         compiled_dq(*problem, dq_config)(q, k, v, dout, lse, delta, dq)
         return dq, dk, dv
-    dq_accum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    dq_accum = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    prepost.compiled_preprocess(*rows)(out, dout, delta, dq_accum)
     compiled(*problem, config)(q, k, v, dout, lse, delta, dq_accum, dk, dv)
-    return dq.copy_(dq_accum), dk, dv
+    prepost.compiled_postprocess(*rows)(dq_accum, dq)
+    return dq, dk, dv

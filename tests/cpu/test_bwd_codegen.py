@@ -57,6 +57,28 @@ def test_deterministic_mode_compiles_to_wgmma_without_spills(tmp_path, head_dim,
         assert summary.spill_bytes == 0 and summary.stack_frame == 0, summary.format()
 
 
+@needs_nvcc
+def test_pre_and_postprocess_compile_and_bound_a_ragged_sequence(tmp_path):
+    """Δ and the cleared accumulator, and dQ's cast, lower and compile without spills at a
+    ragged S (1000 = 15 tiles of 64 and 40 rows): each global access by threads is guarded by
+    the row bound (125 groups of 8 rows: O, dO, Δ and the cleared dQ; the accumulator's load),
+    and the cast leaves by TMA store (bounded by the tensor map)."""
+    from ws_lab.kernels.bwd import prepost
+
+    shape = shapes.Shape("bwd-prepost", 2, 8, 2, 1000, 128, 128, False, "bfloat16")
+    pre, pre_delta, post = (emit.lower_variant("bwd-pipelined", shape, f, None) for f in (
+        prepost.preprocess(2, 1000, 8, 128, "bfloat16"),
+        prepost.preprocess(2, 1000, 8, 128, "bfloat16", clear_dq=False),
+        prepost.postprocess(2, 1000, 8, 128, "bfloat16")))
+    assert "dQ" in pre.source and "dQ" not in pre_delta.source
+    bounds = [e.source.count("< 125") for e in (pre, pre_delta, post)]
+    assert bounds == [4, 3, 1], bounds
+    for name, emitted in (("pre", pre), ("post", post)):
+        summary = emit.inspect(emitted, tmp_path / name)
+        assert summary.spill_bytes == 0 and summary.stack_frame == 0, summary.format()
+    assert "UTMASTG" in emit.inspect(post, tmp_path / "post2").format()
+
+
 def test_backward_refuses_bad_side_inputs():
     q = torch.zeros(1, 8, 2, 64, dtype=torch.float16)
     k = v = torch.zeros(1, 8, 1, 64, dtype=torch.float16)

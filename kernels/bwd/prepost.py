@@ -1,0 +1,88 @@
+"""The two small kernels around a backward's main kernel, shared by the lab's backwards.
+
+FA3 counterparts: ``hopper/flash_bwd_preprocess_kernel.h`` and
+``hopper/flash_bwd_postprocess_kernel.h``, without their warp roles (one warpgroup, no
+barriers beyond TileLang's own):
+
+- ``preprocess``: Δ = rowsum(dO ∘ O) in fp32 (B, Hq, S), and (``clear_dq``) the zeroed fp32
+  dQ accumulator (B, S, Hq, D) the main kernel's atomics add into. A CTA takes ``ROWS`` rows
+  of one head; shared memory: none (fragments only).
+- ``postprocess``: the accumulator cast to q's dtype, ``ROWS`` rows of one head a CTA, through a
+  (ROWS, D) shared tile for a TMA store.
+"""
+import functools
+
+import tilelang.language as T
+
+from ws_lab.target import compile_sm90a
+
+ROWS = 64  # rows of one head a CTA: 64 × 128 fp32 accumulator elements, 64 a thread
+THREADS = 128
+
+
+def preprocess(batch, seq_len, heads, head_dim, dtype, clear_dq: bool = True):
+    """Δ from O and dO; with ``clear_dq`` (the atomic dQ path) also the zeroed accumulator."""
+    accum = "float"
+
+    @T.macro
+    def body(O, dO, Delta, dQ):
+        with T.Kernel(T.ceildiv(seq_len, ROWS), heads, batch, threads=THREADS) as (bx, h, bz):
+            o = T.alloc_fragment([ROWS, head_dim], dtype)
+            do = T.alloc_fragment([ROWS, head_dim], dtype)
+            prod = T.alloc_fragment([ROWS, head_dim], accum)
+            delta = T.alloc_fragment([ROWS], accum)
+            T.copy(O[bz, bx * ROWS:(bx + 1) * ROWS, h, :], o)
+            T.copy(dO[bz, bx * ROWS:(bx + 1) * ROWS, h, :], do)
+            for i, d in T.Parallel(ROWS, head_dim):
+                prod[i, d] = T.Cast(accum, o[i, d]) * T.Cast(accum, do[i, d])
+            T.reduce_sum(prod, delta, dim=1)
+            T.copy(delta, Delta[bz, h, bx * ROWS:(bx + 1) * ROWS])
+            if clear_dq:
+                T.clear(prod)
+                T.copy(prod, dQ[bz, bx * ROWS:(bx + 1) * ROWS, h, :])
+
+    o_t = T.Tensor([batch, seq_len, heads, head_dim], dtype)
+    delta_t = T.Tensor([batch, heads, seq_len], accum)
+    if clear_dq:
+        @T.prim_func
+        def main(O: o_t, dO: o_t, Delta: delta_t,
+                 dQ: T.Tensor([batch, seq_len, heads, head_dim], accum)):
+            body(O, dO, Delta, dQ)
+
+        return main
+
+    @T.prim_func
+    def main_delta(O: o_t, dO: o_t, Delta: delta_t):
+        body(O, dO, Delta, None)
+
+    return main_delta
+
+
+def postprocess(batch, seq_len, heads, head_dim, dtype):
+    accum = "float"
+
+    @T.prim_func
+    def main(
+        dQaccum: T.Tensor([batch, seq_len, heads, head_dim], accum),
+        dQ: T.Tensor([batch, seq_len, heads, head_dim], dtype),
+    ):
+        with T.Kernel(T.ceildiv(seq_len, ROWS), heads, batch, threads=THREADS) as (bx, h, bz):
+            acc = T.alloc_fragment([ROWS, head_dim], accum)
+            cast = T.alloc_fragment([ROWS, head_dim], dtype)
+            tile = T.alloc_shared([ROWS, head_dim], dtype)
+            T.copy(dQaccum[bz, bx * ROWS:(bx + 1) * ROWS, h, :], acc)
+            T.copy(acc, cast)
+            T.copy(cast, tile)
+            T.copy(tile, dQ[bz, bx * ROWS:(bx + 1) * ROWS, h, :])
+
+    return main
+
+
+@functools.lru_cache(maxsize=None)
+def compiled_preprocess(*args, clear_dq=True):
+    return compile_sm90a(preprocess(*args, clear_dq=clear_dq))
+
+
+@functools.lru_cache(maxsize=None)
+def compiled_postprocess(*args):
+    return compile_sm90a(postprocess(*args))
