@@ -67,6 +67,13 @@ def attention_bwd_ref(q, k, v, dout, causal=False, softmax_scale=None):
     return tuple(grads)
 
 
+def token_logprobs_ref(hidden, weight, targets):
+    """log softmax(hidden Wᵀ)[n, targets[n]] in float64: hidden (N, H), weight (V, H), targets
+    (N,); differentiable in float64 leaves."""
+    logits = hidden.to(torch.float64) @ weight.to(torch.float64).t()
+    return torch.log_softmax(logits, dim=-1).gather(1, targets.long()[:, None])[:, 0]
+
+
 def rel_l2(out, ref) -> float:
     """‖out − ref‖ / ‖ref‖ in float64; NaN anywhere in out gives NaN (which fails every check)."""
     out64, ref64 = out.to(torch.float64), ref.to(torch.float64)

@@ -100,13 +100,15 @@ def supported_shapes(name: str) -> list[Shape]:
     return [s for s in shapes.SHAPES.values() if get(name).supports(s)]
 
 
-# Decode families: their own call signature (paged / static KV caches), so they are not
-# ``Kernel``s; the harness reaches them through ``decode(name)``, never by module path.
+# Decode and RL-step families: their own call signatures (paged / static KV caches, the
+# lm_head's log-probs), so they are not ``Kernel``s; the harness reaches them through
+# ``decode(name)``, never by module path.
 DECODE: dict[str, str] = {"paged": "ws_lab.kernels.decode.paged",
                           "fused": "ws_lab.kernels.decode.fused_decode",
                           "layer_ops": "ws_lab.kernels.step.decode_layer",
                           "sampling": "ws_lab.kernels.step.sampling",
-                          "rollout_step": "ws_lab.kernels.step.rollout_step"}
+                          "rollout_step": "ws_lab.kernels.step.rollout_step",
+                          "token_logprobs": "ws_lab.kernels.step.token_logprobs"}
 
 
 def decode(name: str):
