@@ -4,7 +4,7 @@ with its dynamic cache, HF generate with a static cache (auto-compiled), and the
 same prompts, the same sampling (temperature 1, top-k 50: HF's default), no early stop.
 
     python bench/rollout.py                       # 64 sequences, 200 prompt + 256 new tokens
-    python bench/rollout.py --grpo                # plus one Dr. GRPO step's breakdown
+    python bench/rollout.py --grpo [--steps 5]    # plus Dr. GRPO steps: 1 cold, then warm
 
 Per path: ms per decode step (prefill excluded; the median of --rounds runs, the paths shuffled
 each round, and its range), tokens/s, the GPU's busy fraction (kernel time over wall time,
@@ -34,8 +34,11 @@ def _parser():
     ap.add_argument("--json", type=Path,
                     help="write the results as JSON here (without a GPU: the static report)")
     ap.add_argument("--grpo", action="store_true",
-                    help="also run one Dr. GRPO step (rollout, log-probs, update) and print "
-                         "its breakdown")
+                    help="also run Dr. GRPO steps (rollout, log-probs, update): one cold, then "
+                         "--steps warm; per phase cold, warm median and range, peak memory, "
+                         "floor")
+    ap.add_argument("--steps", type=int, default=5,
+                    help="warm Dr. GRPO steps after the cold one (default 5; with --grpo)")
     return ap
 
 
@@ -48,7 +51,7 @@ def _main(argv):
         raise cli.UsageError(f"--paths takes a comma-separated subset of {sorted(known)}")
     if args.rounds < 1:
         raise cli.UsageError(f"--rounds must be at least 1, got {args.rounds}")
-    for option in ("batch", "prompt", "new"):
+    for option in ("batch", "prompt", "new", "steps"):
         if getattr(args, option) < 1:
             raise cli.UsageError(f"--{option} must be at least 1, got {getattr(args, option)}")
     from ws_lab.bench_rollout import GRPO_GROUP

@@ -162,9 +162,35 @@ def floor_ms(hf, batch, prompt, new, read_gbps):
     return floors.floor_ms(nbytes=weights + kv, gbps=read_gbps), weights, kv
 
 
+GRPO_PHASES = ("generate", "log-probs", "update")
+
+
+def grpo_floors_s(hf, batch, prompt, new, decode_floor_ms) -> dict[str, float]:
+    """Each phase's floor in s. Matmul FLOPs at ``floors.TENSOR_TFLOPS``, with P the
+    non-embedding matmul parameters, T every token and C the completion tokens (the lm_head
+    runs on those only): log-probs are two forwards (policy and reference), 2 · 2 · (P·T +
+    P_lm·C); the update a forward and a backward, 6 · (P·T + P_lm·C). Generate: ``new`` decode
+    steps at the step's HBM floor (``floor_ms``)."""
+    matmul = sum(p.numel() for name, p in hf.model.layers.named_parameters() if p.dim() == 2)
+    forward = 2 * (matmul * batch * (prompt + new) + hf.lm_head.weight.numel() * batch * new)
+    compute_s = lambda flops: floors.floor_ms(flops) / 1e3  # noqa: E731
+    return {"generate": new * decode_floor_ms / 1e3, "log-probs": compute_s(2 * forward),
+            "update": compute_s(3 * forward)}
+
+
+def phase_row(name, seconds, peak_bytes, floor_s) -> str:
+    """A phase's table row: the cold (first) step, the warm median and range over the rest,
+    the peak memory, the floor and warm ÷ floor."""
+    cold, warm = seconds[0], sorted(seconds[1:])
+    median = statistics.median(warm)
+    return (f"| {name} | {cold:.3f} | {median:.3f} | {warm[0]:.3f}–{warm[-1]:.3f} | "
+            f"{max(peak_bytes) / 2**30:.1f} | {floor_s:.3f} | {median / floor_s:.1f} |")
+
+
 def grpo_step(hf, args, group=GRPO_GROUP):
-    """One Dr. GRPO step on the arithmetic task: the fused loop's rollout, the log-probs of
-    policy and reference, one AdamW step with clipping; prints the breakdown."""
+    """Dr. GRPO steps on the arithmetic task: the fused loop's rollout, the log-probs of policy
+    and reference, one AdamW step with clipping. One cold step, then ``args.steps`` warm ones;
+    per phase the cold time, the warm median and range, the peak memory and the floor."""
     import copy
 
     import torch
@@ -173,33 +199,51 @@ def grpo_step(hf, args, group=GRPO_GROUP):
     from ws_lab.rollout.task import ArithmeticTask
 
     task = ArithmeticTask(hf.config.vocab_size, prompt_len=args.prompt)
+    policy, reference = hf, copy.deepcopy(hf).eval()
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-6)
+    seconds = {name: [] for name in GRPO_PHASES}
+    peaks = {name: [] for name in GRPO_PHASES}
+
+    def phase(name, run):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        result = run()
+        torch.cuda.synchronize()
+        seconds[name].append(time.perf_counter() - start)
+        peaks[name].append(torch.cuda.max_memory_allocated())
+        return result
+
     prompts, operands = task.prompts(args.batch // group, "cuda")
     prompts = prompts.repeat_interleave(group, dim=0)
     operands = operands.repeat_interleave(group, dim=0)
-    policy, reference = hf, copy.deepcopy(hf).eval()
-    rollout_run = _lab_path(policy, prompts, args.new, "lab-fused", task.eos_id)
-    rollout_run()  # warm-up
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    out = rollout_run()
-    torch.cuda.synchronize()
-    generate_s = time.perf_counter() - start
-    rewards = task.rewards(operands, out.tokens.cpu())
-    policy.train()
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-6)
-    report = grpo.update(policy, reference, optimizer, prompts, out.tokens, rewards, group,
-                         task.eos_id)[0]
-    policy.eval()
-    total = generate_s + report.logprob_s + report.update_s
-    print(f"\nDr. GRPO step ({args.batch} sequences = {args.batch // group} prompts × {group}, "
-          f"{args.prompt} + {args.new} tokens):")
-    print("| phase | s | share |\n|---|---|---|")
-    for name, s in (("generate (lab loop, fused)", generate_s),
-                    ("log-probs (policy + reference)", report.logprob_s),
-                    ("update (forward + backward + AdamW)", report.update_s)):
-        print(f"| {name} | {s:.3f} | {100 * s / total:.1f} % |")
-    print(f"| total | {total:.3f} | |")
-    print(f"loss {report.loss:.4f}, ratio {report.ratio:.6f}, k3 KL {report.kl:.2e}, "
+    rollout = _lab_path(policy, prompts, args.new, "lab-fused", task.eos_id)
+    for _ in range(1 + args.steps):
+        out = phase("generate", rollout)
+        rewards = task.rewards(operands, out.tokens.cpu())
+        policy.train()
+        report = phase("update", lambda: grpo.update(policy, reference, optimizer, prompts,
+                                                     out.tokens, rewards, group,
+                                                     task.eos_id)[0])
+        policy.eval()
+        # grpo.update times its log-probs apart; the update phase is the rest of it
+        seconds["log-probs"].append(report.logprob_s)
+        seconds["update"][-1] -= report.logprob_s
+        peaks["log-probs"].append(peaks["update"][-1])
+    floor = floor_ms(hf, args.batch, args.prompt, args.new, floors.read_bandwidth_gbps())[0]
+    floors_s = grpo_floors_s(hf, args.batch, args.prompt, args.new, floor)
+    print(f"\nDr. GRPO steps ({args.batch} sequences = {args.batch // group} prompts × {group}, "
+          f"{args.prompt} + {args.new} tokens; 1 cold step, then {args.steps} warm):")
+    print("| phase | cold s | warm s (median) | warm range | peak GiB | floor s | × floor |")
+    print("|---|---|---|---|---|---|---|")
+    for name in GRPO_PHASES:
+        print(phase_row(name, seconds[name], peaks[name], floors_s[name]))
+    warm_total = sum(statistics.median(seconds[n][1:]) for n in GRPO_PHASES)
+    print(f"| step | {sum(seconds[n][0] for n in GRPO_PHASES):.3f} | {warm_total:.3f} | | | "
+          f"{sum(floors_s.values()):.3f} | {warm_total / sum(floors_s.values()):.1f} |")
+    print("log-probs and update share one peak (grpo.update runs both); the floors count "
+          f"matmul FLOPs at {floors.TENSOR_TFLOPS:.0f} TFLOP/s and the decode step's HBM floor")
+    print(f"last step: loss {report.loss:.4f}, ratio {report.ratio:.6f}, k3 KL {report.kl:.2e}, "
           f"grad norm {report.grad_norm:.3f}, mean reward {rewards.mean():.3f}")
 
 

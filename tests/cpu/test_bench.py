@@ -126,3 +126,29 @@ def test_the_backward_table_has_the_backward_peers_columns():
     head, _, lab = bench.table(rows, bench_bwd.PEERS).splitlines()[:3]
     assert "×TileOPs" in head and "×FA3" not in head and "×pipelined" not in head
     assert "| 0.500 | 2.000 | n/a | n/a | n/a |" in lab
+
+
+def test_grpo_floors_follow_the_matmul_flops_and_the_decode_floor():
+    """--grpo's floors (ws_lab.bench_rollout.grpo_floors_s): log-probs 2 forwards, update
+    3 (a forward and a backward of twice its FLOPs), over the layers' matmul parameters on
+    every token and the lm_head's on the completion tokens; generate = new × the step floor."""
+    from torch import nn
+
+    from ws_lab import bench_rollout, floors
+
+    hf = nn.Module()
+    hf.model = nn.Module()
+    hf.model.layers = nn.ModuleList([nn.Linear(8, 16), nn.LayerNorm(16)])  # 1-D norms: no FLOPs
+    hf.lm_head = nn.Linear(16, 100, bias=False)
+    got = bench_rollout.grpo_floors_s(hf, batch=4, prompt=10, new=6, decode_floor_ms=0.5)
+    forward = 2 * (8 * 16 * 4 * 16 + 16 * 100 * 4 * 6)
+    want = {"generate": 6 * 0.5e-3, "log-probs": 2 * forward / (floors.TENSOR_TFLOPS * 1e12),
+            "update": 3 * forward / (floors.TENSOR_TFLOPS * 1e12)}
+    assert got == pytest.approx(want)
+
+
+def test_a_grpo_phase_row_reports_cold_apart_from_warm():
+    from ws_lab import bench_rollout
+
+    row = bench_rollout.phase_row("update", [2.0, 0.5, 0.7, 0.6], [2**30, 3 * 2**30], 0.1)
+    assert row == "| update | 2.000 | 0.600 | 0.500–0.700 | 3.0 | 0.100 | 6.0 |"
