@@ -51,3 +51,20 @@ def check_attention(fn, batch, seq_len, heads, kv_heads, head_dim, head_dim_v, c
     fn(q, k, v, causal=causal, softmax_scale=softmax_scale, out=out)
     ref, _ = oracle.attention_ref(q, k, v, causal=causal, softmax_scale=softmax_scale)
     return CheckResult(oracle.rel_l2(out, ref), TOLERANCE[dtype], seed)
+
+
+def memcheck_failure(script: str, timeout: int = 900) -> str | None:
+    """Runs ``python -c script`` under compute-sanitizer memcheck. None when the script ends
+    with "cases ok" printed and memcheck reports 0 errors; else the tail of its output (what a
+    test asserts on). Raises ``FileNotFoundError`` without compute-sanitizer on PATH."""
+    import shutil
+    import subprocess
+    import sys
+
+    sanitizer = shutil.which("compute-sanitizer")
+    if sanitizer is None:
+        raise FileNotFoundError("compute-sanitizer not on PATH")
+    done = subprocess.run([sanitizer, "--tool=memcheck", "--error-exitcode=3", sys.executable,
+                           "-c", script], capture_output=True, text=True, timeout=timeout)
+    clean = "ERROR SUMMARY: 0 errors" in done.stdout and "cases ok" in done.stdout
+    return None if done.returncode == 0 and clean else done.stdout[-3000:] + done.stderr[-3000:]
