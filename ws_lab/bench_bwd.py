@@ -4,7 +4,7 @@ flash / cuDNN / mem-efficient backends and FA-CuTe through autograd (each peer's
 once, outside the timing; a timed call is the backward alone, its GQA sum over the group
 included). Every implementation gets the same q, k, v, dout (and out, lse from the float64
 oracle); the first set's dq, dk and dv are checked against autograd through the float64 oracle
-(the lab's dk / dv NaN-poisoned), the error a row shows being the worst of the three.
+(the lab's dq / dk / dv NaN-poisoned), the error a row shows being the worst of the three.
 TFLOPS count the five backward GEMMs: 2.5 × the forward's FLOPs, as FlashAttention does.
 """
 from __future__ import annotations
@@ -25,8 +25,9 @@ def _lab_impl(name: str):
     def make(q, k, v, out, dout, lse, causal):
         import torch
 
-        dk, dv = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
-        return lambda: kernel.backward(q, k, v, out, dout, lse, causal, dk=dk, dv=dv)
+        grads = {name: torch.full_like(t, float("nan")) for name, t in
+                 (("dq", q), ("dk", k), ("dv", v))}
+        return lambda: kernel.backward(q, k, v, out, dout, lse, causal, **grads)
 
     return make
 
