@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ws_lab import cli, registry, sass, shapes
-from ws_lab.target import SM90A
+from ws_lab.target import SM90A, require_distinct_buffers
 
 
 @dataclass
@@ -37,6 +37,7 @@ def lower_prim_func(func, pass_configs=None):
     import tilelang
     import tvm
 
+    require_distinct_buffers(func)
     target = tvm.target.Target(SM90A)
     with tilelang.transform.PassContext(config=pass_configs or {}), target:
         return tilelang.lower(func, target=target)

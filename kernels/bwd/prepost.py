@@ -41,18 +41,20 @@ def preprocess(batch, seq_len, heads, head_dim, dtype, clear_dq: bool = True):
                 T.clear(prod)
                 T.copy(prod, dQ[bz, bx * ROWS:(bx + 1) * ROWS, h, :])
 
-    o_t = T.Tensor([batch, seq_len, heads, head_dim], dtype)
+    def o_t():  # one per parameter: a shared T.Tensor object makes O and dO one buffer
+        return T.Tensor([batch, seq_len, heads, head_dim], dtype)
+
     delta_t = T.Tensor([batch, heads, seq_len], accum)
     if clear_dq:
         @T.prim_func
-        def main(O: o_t, dO: o_t, Delta: delta_t,
+        def main(O: o_t(), dO: o_t(), Delta: delta_t,
                  dQ: T.Tensor([batch, seq_len, heads, head_dim], accum)):
             body(O, dO, Delta, dQ)
 
         return main
 
     @T.prim_func
-    def main_delta(O: o_t, dO: o_t, Delta: delta_t):
+    def main_delta(O: o_t(), dO: o_t(), Delta: delta_t):
         body(O, dO, Delta, None)
 
     return main_delta

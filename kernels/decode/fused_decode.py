@@ -56,7 +56,7 @@ from ws_lab.kernels import LOG2E
 from ws_lab.kernels.decode import fused_decode_cuda, heuristics
 from ws_lab.kernels.decode.triton_common import (MIN_DOT_ROWS, arrival_counters,
                                                  bulk_prefetch_l2, has_pdl, merge_chunk,
-                                                 in_pool, poisoned, sm_count,
+                                                 in_pool, poison_if_any, sm_count,
                                                  store_partials)
 
 BACKENDS = ("auto", "triton", "cuda")
@@ -79,12 +79,12 @@ def _rotate(X, d, cos, sin, HALF: tl.constexpr, D: tl.constexpr, mask):
 
 @triton.jit
 def _position(Positions, b, capacity):
-    """(position, in range): sequence b's position, or 0 where it lies outside [0, capacity),
-    with ``in range`` false: such a row writes nothing and comes out NaN, so no position
-    reaches past the cache (notes/fused_decode.md, "Session 33")."""
-    pos = tl.load(Positions + b)
-    ok = (pos >= 0) & (pos < capacity)
-    return tl.where(ok, pos, 0), ok
+    """(position, in range): sequence b's position clamped to [0, capacity − 1], with ``in
+    range`` false where the clamp moved it: such a row writes nothing and comes out NaN, so no
+    position reaches past the cache (notes/fused_decode.md, "Session 33")."""
+    wanted = tl.load(Positions + b)
+    pos = tl.minimum(tl.maximum(wanted, 0), capacity - 1)
+    return pos, pos == wanted
 
 
 @triton.jit
@@ -117,8 +117,8 @@ def _prefetch_segment(KCache, VCache, Positions, b, kvh, seg, n_seg, n_kv_heads,
 def _token_offsets(BlockTable, b, kvh, tokens, valid, n_kv_heads, capacity, num_blocks,
                    stride_bt, PAGED: tl.constexpr, BLOCK_SIZE: tl.constexpr, D: tl.constexpr):
     """(element offset of each token's row in the cache (int64), loaded): the valid tokens
-    whose paged block id lies in the pool are loaded (``in_pool``; ``poisoned`` makes the
-    rest's row NaN); a static cache loads every valid token."""
+    whose paged block id lies in the pool are loaded (``in_pool``; ``poison_if_any`` makes
+    the rest's row NaN); a static cache loads every valid token."""
     if PAGED:
         block = tl.load(BlockTable + b * stride_bt + tokens // BLOCK_SIZE, mask=valid, other=0)
         return (((block.to(tl.int64) * BLOCK_SIZE + tokens % BLOCK_SIZE) * n_kv_heads + kvh) * D,
@@ -178,6 +178,7 @@ def _fused_decode_kernel(Q, KNew, VNew, KCache, VCache, Cos, Sin, Positions, Blo
         # a bad position's other segments are empty (pos 0); segment 0 poisons the row
         l = tl.zeros([G_PAD], tl.float32)
         acc = tl.zeros([G_PAD, D], tl.float32)
+    unloaded = tl.zeros([TILE_N], tl.int1)
     for start in range(lo, hi, TILE_N):
         tokens = start + tl.arange(0, TILE_N)
         valid = tokens < hi
@@ -186,7 +187,7 @@ def _fused_decode_kernel(Q, KNew, VNew, KCache, VCache, Cos, Sin, Positions, Blo
         k = tl.load(KCache + offs[:, None] + d[None, :], mask=loaded[:, None], other=0.0)
         s = tl.dot(q, tl.trans(k)) * scale_log2
         if PAGED:
-            s = poisoned(s, loaded[None, :])
+            unloaded = unloaded | (valid & ~loaded)
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         p = tl.exp2(s - m_new[:, None])
@@ -195,6 +196,8 @@ def _fused_decode_kernel(Q, KNew, VNew, KCache, VCache, Cos, Sin, Positions, Blo
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         l = l * alpha + tl.sum(p, axis=1)
         m = m_new
+    if PAGED:
+        l = poison_if_any(l, unloaded)
     if PDL:
         gdc_launch_dependents()  # after the loop, as kernels/decode/paged.py (measured there)
     g_ok = g < GROUP

@@ -140,10 +140,11 @@ __device__ __forceinline__ void fused(const Params<T>& a) {
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
   // A position outside [0, capacity) writes nothing and its rows come out NaN (warp 0's l,
-  // below); the kernel then reads as if at position 0, inside every buffer.
+  // below); the kernel reads as if at the clamped position, inside every buffer: the addressing
+  // of the clamp before the boundary (notes/fused_decode.md, "Session 35").
   const int wanted = a.positions[b];
-  const bool pos_ok = wanted >= 0 && wanted < a.capacity;
-  const int pos = pos_ok ? wanted : 0;
+  const int pos = min(max(wanted, 0), a.capacity - 1);
+  const bool pos_ok = pos == wanted;
   const int n_steps = (pos + CPS * CHUNK - 1) / (CPS * CHUNK);
   const int my_steps = n_steps > warp ? (n_steps - warp + NW - 1) / NW : 0;
   // The context is read once a step: evict_first keeps it from pushing the weights that the

@@ -44,7 +44,7 @@ from ws_lab.kernels import LOG2E
 from ws_lab.kernels.decode import heuristics, paged_cuda
 from ws_lab.kernels.decode.heuristics import DEFAULTS, LaunchConfig
 from ws_lab.kernels.decode.triton_common import (MIN_DOT_ROWS, arrival_counters, has_pdl,
-                                                 in_pool, merge_chunk, merge_heads, poisoned,
+                                                 in_pool, merge_chunk, merge_heads, poison_if_any,
                                                  sm_count, store_partials)
 
 BACKENDS = ("auto", "triton", "cuda")
@@ -74,7 +74,7 @@ def _context_len(ContextLens, b, max_tokens):
 def _token_slots(block_table_row, tokens, n_ctx, num_blocks, BLOCK_SIZE: tl.constexpr,
                  WIDE: tl.constexpr):
     """(physical block, slot, valid, loaded) of each token: tokens >= n_ctx are not valid, and
-    only valid tokens whose block id lies in the pool are loaded (``in_pool``; ``poisoned``
+    only valid tokens whose block id lies in the pool are loaded (``in_pool``; ``poison_if_any``
     makes the rest's row NaN). WIDE: element offsets into the cache need 64 bits (else 32-bit
     offset tiles: half the registers of 64-bit ones)."""
     valid = tokens < n_ctx
@@ -104,6 +104,7 @@ def _decode_v1_kernel(Q, K, V, BlockTable, ContextLens, Out, scale_log2,
     m = tl.full([1], float("-inf"), tl.float32)
     l = tl.zeros([1], tl.float32)
     acc = tl.zeros([D_PAD], tl.float32)
+    unloaded = tl.zeros([TILE], tl.int1)
     for start in range(0, n_ctx, TILE):
         tokens = start + tl.arange(0, TILE)
         block, slot, valid, loaded = _token_slots(BlockTable + b * stride_bt, tokens, n_ctx,
@@ -113,7 +114,8 @@ def _decode_v1_kernel(Q, K, V, BlockTable, ContextLens, Out, scale_log2,
         mask = loaded[:, None] & d_ok[None, :]
         k = tl.load(K + rows_k[:, None] + kvh * stride_kh + d[None, :], mask=mask, other=0.0)
         s = tl.sum(k.to(tl.float32) * q[None, :], axis=1) * scale_log2
-        s = tl.where(valid, poisoned(s, loaded), float("-inf"))
+        unloaded = unloaded | (valid & ~loaded)
+        s = tl.where(valid, s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=0))
         p = tl.exp2(s - m_new)
         alpha = tl.exp2(m - m_new)
@@ -121,6 +123,7 @@ def _decode_v1_kernel(Q, K, V, BlockTable, ContextLens, Out, scale_log2,
         acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
         l = l * alpha + tl.sum(p, axis=0)
         m = m_new
+    l = poison_if_any(l, unloaded)
     # an empty context (l = 0) attends to nothing: zeros; a NaN l (non-finite input) stays NaN
     out = tl.where(l != 0, acc / l, 0.0)
     tl.store(out_at + h * stride_oh + d, out.to(Out.dtype.element_ty), mask=d_ok)
@@ -155,6 +158,7 @@ def _decode_gqa_kernel(Q, K, V, BlockTable, ContextLens, Out, MScratch, LScratch
     m = tl.full([G_PAD], float("-inf"), tl.float32)
     l = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D_PAD], tl.float32)
+    unloaded = tl.zeros([TILE], tl.int1)
     for start in range(lo, hi, TILE):
         tokens = start + tl.arange(0, TILE)
         block, slot, valid, loaded = _token_slots(BlockTable + b * stride_bt, tokens, hi,
@@ -167,7 +171,8 @@ def _decode_gqa_kernel(Q, K, V, BlockTable, ContextLens, Out, MScratch, LScratch
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
             s = tl.dot(q, tl.trans(k))
-        s = tl.where(valid[None, :], poisoned(s * scale_log2, loaded[None, :]), float("-inf"))
+        unloaded = unloaded | (valid & ~loaded)
+        s = tl.where(valid[None, :], s * scale_log2, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m - m_new)
@@ -179,6 +184,7 @@ def _decode_gqa_kernel(Q, K, V, BlockTable, ContextLens, Out, MScratch, LScratch
         acc = acc * alpha[:, None] + pv
         l = l * alpha + tl.sum(p, axis=1)
         m = m_new
+    l = poison_if_any(l, unloaded)
     if PDL:
         # The next grid may launch now: it waits for this one to finish before it reads. Not
         # at the top: there, measured, the early grid took 12 % off the two-wave gqa rows.

@@ -12,17 +12,17 @@ MIN_DOT_ROWS = 16  # tl.dot needs M >= 16
 @triton.jit
 def in_pool(block, num_blocks):
     """Whether each block id lies in [0, num_blocks), in one unsigned compare: the kernels load
-    only those tokens (a masked load touches nothing), and ``poisoned`` makes the others' row
-    NaN."""
+    only those tokens (a masked load touches nothing); ``poison_if_any`` makes the row NaN."""
     return block.to(tl.uint32, bitcast=True) < tl.cast(num_blocks, tl.uint32)
 
 
 @triton.jit
-def poisoned(s, inside):
-    """Scores of the tokens whose block lies outside the pool, NaN: p, l and O carry it to the
-    row as they carry a NaN q, with no state or pass of their own. Still 1–2 % on short
-    split_k rows against no poison at all (notes/triton.md, "Session 34")."""
-    return tl.where(inside, s, float("nan"))
+def poison_if_any(l, unloaded):
+    """l, or NaN where any token of the context was not loaded (``unloaded``: the loop's OR of
+    valid & ~loaded): O/l and the split merge carry it to the row. Reduced once after the loop,
+    not a select on every tile's scores, which kept the flag alive past the dot and cost
+    1–2.5 % (notes/triton.md, "Session 35")."""
+    return tl.where(tl.max(unloaded.to(tl.int32), axis=0) > 0, float("nan"), l)
 
 
 @triton.jit

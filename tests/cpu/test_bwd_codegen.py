@@ -118,3 +118,22 @@ def test_the_registry_names_the_backward_and_keeps_kinds_apart():
         kernel.attention
     with pytest.raises(TypeError, match="pipelined is a fwd kernel"):
         registry.get("pipelined").backward
+
+
+def test_every_backward_kernel_has_a_buffer_per_parameter():
+    """The backward's kernels give each parameter its own buffer, and a kernel whose parameters
+    share one T.Tensor annotation (TileLang binds them to one buffer: the all-NaN dQ of
+    notes/bwd.md, "Session 35") is refused before lowering."""
+    from ws_lab.kernels.bwd import prepost
+    from ws_lab.target import require_distinct_buffers
+    from ws_lab.upstream import shared_annotation_aliases_params as pin
+
+    args = (2, 1000, 8, 2, 128, True, "bfloat16", 0.088)
+    for func in (pipelined.flash_bwd(*args), pipelined.flash_bwd(*args, with_dq=False),
+                 pipelined.flash_bwd_dq(*args), prepost.preprocess(2, 1000, 8, 128, "bfloat16"),
+                 prepost.preprocess(2, 1000, 8, 128, "bfloat16", clear_dq=False),
+                 prepost.postprocess(2, 1000, 8, 128, "bfloat16")):
+        require_distinct_buffers(func)
+        assert len({b.name for b in func.buffer_map.values()}) == len(func.params)
+    with pytest.raises(ValueError, match="parameters A and B of add are one buffer"):
+        require_distinct_buffers(pin.kernel())

@@ -60,15 +60,16 @@ SANITIZER_CLEAN = {"memcheck": "ERROR SUMMARY: 0 errors",
                    "racecheck": "RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)"}
 
 
-def assert_sanitizer_clean(tool, script):
-    """compute-sanitizer ``tool`` over the TileLang kernels (``main_kernel``) that ``script``
-    launches finds nothing; skips where compute-sanitizer is not installed."""
+def assert_sanitizer_clean(tool, script, kernels="main_kernel"):
+    """compute-sanitizer ``tool`` over the kernels whose name contains ``kernels`` (TileLang's
+    ``main_kernel`` by default) that ``script`` launches finds nothing; skips where
+    compute-sanitizer is not installed."""
     import pytest
 
     sanitizer = shutil.which("compute-sanitizer")
     if sanitizer is None:
         pytest.skip("compute-sanitizer not on PATH")
-    done = subprocess.run([sanitizer, f"--tool={tool}", "--kernel-name", "kns=main_kernel",
+    done = subprocess.run([sanitizer, f"--tool={tool}", "--kernel-name", f"kns={kernels}",
                            "--error-exitcode=3", sys.executable, "-c", script],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
