@@ -20,7 +20,9 @@ Shared memory at D 128 and the default tiles (bm 128 K/V rows, bn 32 Q rows, 2 s
 Causal steps start at the first Q tile that sees the K/V tile; the tiles that straddle the
 diagonal, and the ragged last Q and K/V tiles, are masked. Correct on the H100 over the grid of
 tests/ws/test_bwd.py; 0.59–0.61 × TileOPs' backward on the full rows and 0.34–0.41 × on the
-causal ones (notes/bwd.md, "Session 35").
+causal ones (notes/bwd.md, "Session 35"). ``Config(async_gemms=True)``: the GEMMs issued
+async and waited for only where a result is read (dPᵀ under P's exp2, dV under dSᵀ's math);
+compiled on the CPU, not yet run on a GPU, so not the default.
 
 Deterministic mode (``attention_bwd(..., deterministic=True)``): the main kernel without dQ
 (``with_dq=False``: four GEMMs), then ``flash_bwd_dq``, FA2's separate dQ pass in place of FA3's
@@ -52,6 +54,9 @@ class Config:
     block_q: int  # Q rows a step (bn)
     threads: int  # consumer threads (the producer warpgroup comes on top)
     num_stages: int
+    # The main kernel's GEMMs issued async (T.wgmma_gemm) and waited for only where their
+    # result is read: dPᵀ runs under P's exp2, dV under dSᵀ's math (notes/bwd.md, "Session 35")
+    async_gemms: bool = False
 
 
 # 2 consumer warpgroups of 64 K/V rows each; 32 Q rows a step keep Sᵀ, dPᵀ, dQᵀ at 16
@@ -73,6 +78,10 @@ def flash_bwd(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softmax_
     accum = "float"
     n_qtiles = (seq_len + bn - 1) // bn
     live = _live(seq_len, causal)
+    gemm = _gemm(cfg.async_gemms)
+    overlap = cfg.async_gemms
+    step_regs = bm * bn // cfg.threads  # Sᵀ, dPᵀ and dQᵀ: fp32 registers a thread
+    acc_regs = bm * head_dim // cfg.threads  # dK and dV
 
     @T.macro
     def body(Q, K, V, dO, LSE, Delta, dQ, dK, dV):
@@ -92,6 +101,8 @@ def flash_bwd(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softmax_
             dk = T.alloc_fragment([bm, head_dim], accum)
             dv = T.alloc_fragment([bm, head_dim], accum)
             dkv_s = T.alloc_shared([bm, head_dim], dtype)
+            if overlap:
+                stage_hold = T.alloc_local([1], dtype)
             if with_dq:
                 dqt = T.alloc_fragment([head_dim, bn], accum)  # dQᵀ: D is the M side (swapAB)
 
@@ -109,14 +120,18 @@ def flash_bwd(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softmax_
                 T.copy(LSE[bz, h, qt * bn:(qt + 1) * bn], lse_s)
                 T.copy(Delta[bz, h, qt * bn:(qt + 1) * bn], delta_s)
                 T.clear(st)
-                T.gemm(k_s, q_s, st, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+                gemm(k_s, q_s, st, transpose_B=True)
                 T.clear(dpt)
-                T.gemm(v_s, do_s, dpt, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+                gemm(v_s, do_s, dpt, transpose_B=True)
+                if overlap:
+                    _settle(1, st, step_regs)  # Sᵀ (dPᵀ may still run)
                 for i, j in T.Parallel(bm, bn):
                     st[i, j] = T.if_then_else(live(bx * bm + i, qt * bn + j),
                                               T.exp2(st[i, j] * scale_log2 - lse_s[j] * LOG2E), 0)
                 T.copy(st, pt)
-                T.gemm(pt, do_s, dv, policy=T.GemmWarpPolicy.FullRow)
+                gemm(pt, do_s, dv)
+                if overlap:
+                    _settle(1, dpt, step_regs)  # dPᵀ (dV may still run)
                 for i, j in T.Parallel(bm, bn):  # masked again: Δ past S is not data
                     dst[i, j] = T.if_then_else(live(bx * bm + i, qt * bn + j),
                                                st[i, j] * (dpt[i, j] - delta_s[j]) * softmax_scale,
@@ -124,10 +139,20 @@ def flash_bwd(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softmax_
                 # dSᵀ goes through shared memory once and both GEMMs read it there: copying an
                 # RS operand fragment to shared memory writes wrong data (tilelang #2954)
                 T.copy(dst, ds_s)
-                T.gemm(ds_s, q_s, dk, policy=T.GemmWarpPolicy.FullRow)
+                gemm(ds_s, q_s, dk)
                 if with_dq:
                     T.clear(dqt)
-                    T.gemm(k_s, ds_s, dqt, transpose_A=True, policy=T.GemmWarpPolicy.FullRow)
+                    gemm(k_s, ds_s, dqt, transpose_A=True)
+                if overlap:
+                    _settle(0, dk, acc_regs)  # dV, dK and dQᵀ done
+                    T.warpgroup_fence_operand(dv, num_regs=acc_regs)
+                    if with_dq:
+                        T.warpgroup_fence_operand(dqt, num_regs=step_regs)
+                    # the pipeline frees a stage after its tiles' last access, and an issued
+                    # wgmma is no finished read: reading q_s and do_s here holds the stage
+                    # until dV, dK and dQᵀ are done (as TileOPs' pipelined backward does)
+                    stage_hold[0] = q_s[0, 0] + do_s[0, 0]
+                if with_dq:
                     for d, j in T.Parallel(head_dim, bn):
                         if qt * bn + j < seq_len:
                             T.atomic_add(dQ[bz, qt * bn + j, h, d], dqt[d, j])
@@ -162,6 +187,25 @@ def flash_bwd(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softmax_
         body(Q, K, V, dO, LSE, Delta, None, dK, dV)
 
     return main_dkdv
+
+
+def _gemm(async_gemms: bool):
+    """The main kernel's GEMM issue: ``T.wgmma_gemm`` (async: the caller waits with
+    ``_settle``) or ``T.gemm`` (waits for itself). It returns the call for the macro to emit:
+    a call dropped here would vanish from the kernel without a word."""
+    full_row = T.GemmWarpPolicy.FullRow
+    if async_gemms:
+        return lambda a, b, c, **kw: T.wgmma_gemm(a, b, c, policy=full_row, **kw)
+    return lambda a, b, c, **kw: T.gemm(a, b, c, policy=full_row, **kw)
+
+
+@T.macro
+def _settle(pending, acc, regs):
+    """Waits until at most ``pending`` async GEMMs still run, then fences ``acc``'s ``regs``
+    registers a thread: T.wgmma_gemm fences its accumulator before this wait, not after it
+    (TILELANG-FACTS), so nothing may read it early."""
+    T.wait_wgmma(pending)
+    T.warpgroup_fence_operand(acc, num_regs=regs)
 
 
 def _live(seq_len, causal):

@@ -137,3 +137,21 @@ def test_every_backward_kernel_has_a_buffer_per_parameter():
         assert len({b.name for b in func.buffer_map.values()}) == len(func.params)
     with pytest.raises(ValueError, match="parameters A and B of add are one buffer"):
         require_distinct_buffers(pin.kernel())
+
+
+@needs_nvcc
+def test_async_gemms_wait_only_where_a_result_is_read(tmp_path):
+    """Config(async_gemms=True), not yet the default (no GPU run yet): the same five GEMMs with
+    no spill, and per step two waits that leave one GEMM running (dPᵀ under P's exp2, dV under
+    dSᵀ's math) where the default waits for every GEMM to finish."""
+    shape = shapes.Shape("bwd-async", 2, 8, 2, 1024, 128, 128, False, "bfloat16")
+    cfg = pipelined.Config(**{**pipelined.DEFAULT.__dict__, "async_gemms": True})
+    waits = {}
+    for name, config in (("default", pipelined.DEFAULT), ("async", cfg)):
+        func = pipelined.flash_bwd(2, 1024, 8, 2, 128, False, "bfloat16", 128 ** -0.5, config)
+        summary = emit.inspect(emit.lower_variant("bwd-pipelined", shape, func, None),
+                               tmp_path / name)
+        assert sum(summary.hgmma.values()) == 28 and summary.spill_bytes == 0, summary.format()
+        waits[name] = [w for w in summary.warpgroup_sync if w.startswith("DEPBAR")]
+    assert not any(w.endswith("1") for w in waits["default"]), waits
+    assert sum(w.endswith("1") for w in waits["async"]) == 2, waits
