@@ -22,7 +22,8 @@ diagonal, and the ragged last Q and K/V tiles, are masked. Correct on the H100 o
 tests/ws/test_bwd.py; 0.59–0.61 × TileOPs' backward on the full rows and 0.34–0.41 × on the
 causal ones (notes/bwd.md, "Session 35"). ``Config(async_gemms=True)``: the GEMMs issued
 async and waited for only where a result is read (dPᵀ under P's exp2, dV under dSᵀ's math);
-compiled on the CPU, not yet run on a GPU, so not the default.
+correct on three cases and 1.03 × the default on train8b-4k, not yet run over the whole test
+grid, so not the default.
 
 Deterministic mode (``attention_bwd(..., deterministic=True)``): the main kernel without dQ
 (``with_dq=False``: four GEMMs), then ``flash_bwd_dq``, FA2's separate dQ pass in place of FA3's

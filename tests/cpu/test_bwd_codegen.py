@@ -141,9 +141,9 @@ def test_every_backward_kernel_has_a_buffer_per_parameter():
 
 @needs_nvcc
 def test_async_gemms_wait_only_where_a_result_is_read(tmp_path):
-    """Config(async_gemms=True), not yet the default (no GPU run yet): the same five GEMMs with
-    no spill, and per step two waits that leave one GEMM running (dPᵀ under P's exp2, dV under
-    dSᵀ's math) where the default waits for every GEMM to finish."""
+    """Config(async_gemms=True), not yet the default (not yet run over the GPU grid): the
+    same five GEMMs with no spill, and per step two waits that leave one GEMM running (dPᵀ
+    under P's exp2, dV under dSᵀ's math) where the default waits for every GEMM to finish."""
     shape = shapes.Shape("bwd-async", 2, 8, 2, 1024, 128, 128, False, "bfloat16")
     cfg = pipelined.Config(**{**pipelined.DEFAULT.__dict__, "async_gemms": True})
     waits = {}
