@@ -175,7 +175,8 @@ def _fused_decode_kernel(Q, KNew, VNew, KCache, VCache, Cos, Sin, Positions, Blo
         acc = tl.zeros([G_PAD, D], tl.float32) + v_new.to(tl.float32)[None, :]
     else:
         m = tl.full([G_PAD], float("-inf"), tl.float32)
-        # a bad position's other segments are empty (pos 0); segment 0 poisons the row
+        # a bad position's row is poisoned by segment 0 (l = NaN); the others read up to the
+        # clamped position, inside the cache
         l = tl.zeros([G_PAD], tl.float32)
         acc = tl.zeros([G_PAD, D], tl.float32)
     unloaded = tl.zeros([TILE_N], tl.int1)
