@@ -9,6 +9,7 @@ EOS; a response with no EOS keeps every token (the seed's fallback).
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -37,6 +38,18 @@ def token_logprobs(model, prompts: torch.Tensor, completions: torch.Tensor,
         target = completions[start:start + micro_batch]
         rows.append(torch.log_softmax(logits, dim=-1).gather(-1, target[..., None])[..., 0])
     return torch.cat(rows)
+
+
+class Scorer(torch.nn.Module):
+    """``token_logprobs`` of a model as a module's forward, so that DDP can wrap the policy's
+    scoring (its gradient all-reduce hooks run for a forward through the wrapper)."""
+
+    def __init__(self, model, micro_batch: int = 8):
+        super().__init__()
+        self.model, self.micro_batch = model, micro_batch
+
+    def forward(self, prompts: torch.Tensor, completions: torch.Tensor) -> torch.Tensor:
+        return token_logprobs(self.model, prompts, completions, self.micro_batch)
 
 
 def advantages(rewards: torch.Tensor, group: int) -> torch.Tensor:
@@ -70,11 +83,15 @@ class StepReport:
 
 def update(policy, reference, optimizer, prompts, completions, rewards, group: int, eos_id: int,
            *, inner_steps: int = 1, clip_eps: float = 0.2, beta: float = 0.04,
-           max_grad_norm: float = 1.0, micro_batch: int = 8) -> list[StepReport]:
+           max_grad_norm: float = 1.0, micro_batch: int = 8, scorer=None) -> list[StepReport]:
     """The Dr. GRPO update after a rollout: old and reference log-probs once, then
     ``inner_steps`` optimizer steps (gradient clipping each), micro-batched backward passes.
-    Returns one report per inner step (inner step 0's ratio is exactly 1)."""
+    ``scorer``: the module whose forward gives the policy's log-probs with gradients (default
+    ``Scorer(policy)``; data-parallel: ``ws_lab.rollout.dp.scorer``, a DDP wrapper, with this
+    rank's share of whole groups). Returns one report per inner step (inner step 0's ratio is
+    exactly 1), its loss, ratio and KL over every rank's responses."""
     sync = torch.cuda.synchronize if prompts.is_cuda else (lambda: None)
+    scorer = Scorer(policy, micro_batch) if scorer is None else scorer
     start = time.perf_counter()
     mask = completion_mask(completions, eos_id)
     adv = advantages(rewards.to(mask.device), group)
@@ -85,22 +102,39 @@ def update(policy, reference, optimizer, prompts, completions, rewards, group: i
     logprob_s = time.perf_counter() - start
     reports = []
     batch = prompts.shape[0]
+    slices = [(lo, min(lo + micro_batch, batch)) for lo in range(0, batch, micro_batch)]
     for _ in range(inner_steps):
         start = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
-        parts = []
-        for lo in range(0, batch, micro_batch):
-            hi = min(lo + micro_batch, batch)
-            logp = token_logprobs(policy, prompts[lo:hi], completions[lo:hi], micro_batch)
-            value, ratio, kl = loss(logp, logp_old[lo:hi], logp_ref[lo:hi], adv[lo:hi],
-                                    mask[lo:hi], clip_eps, beta)
-            (value * (hi - lo) / batch).backward()  # the mean over responses, across slices
-            parts.append((value.item() * (hi - lo), ratio.item(), kl.item()))
+        sums = torch.zeros(4, dtype=torch.float64)  # loss over responses, ratio, kl, slices
+        for lo, hi in slices:
+            # DDP all-reduces the gradients once, on the last slice's backward
+            last = hi == batch
+            with contextlib.nullcontext() if last or not hasattr(scorer, "no_sync") \
+                    else scorer.no_sync():
+                logp = scorer(prompts[lo:hi], completions[lo:hi])
+                value, ratio, kl = loss(logp, logp_old[lo:hi], logp_ref[lo:hi], adv[lo:hi],
+                                        mask[lo:hi], clip_eps, beta)
+                (value * (hi - lo) / batch).backward()  # the mean over responses, across slices
+            sums += torch.tensor([value.item() * (hi - lo), ratio.item(), kl.item(), 1.0],
+                                 dtype=torch.float64)
         grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm)
         optimizer.step()
         sync()
-        reports.append(StepReport(logprob_s, time.perf_counter() - start,
-                                  sum(p[0] for p in parts) / batch,
-                                  sum(p[1] for p in parts) / len(parts),
-                                  sum(p[2] for p in parts) / len(parts), float(grad_norm)))
+        loss_sum, ratio_sum, kl_sum, parts = _over_ranks(sums).tolist()
+        responses = batch * parts / len(slices)  # every rank holds the same share
+        reports.append(StepReport(logprob_s, time.perf_counter() - start, loss_sum / responses,
+                                  ratio_sum / parts, kl_sum / parts, float(grad_norm)))
     return reports
+
+
+def _over_ranks(sums: torch.Tensor) -> torch.Tensor:
+    """``sums`` added over the ranks of the default process group (as is without one)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return sums
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    total = sums.to(device)
+    dist.all_reduce(total)
+    return total.cpu()

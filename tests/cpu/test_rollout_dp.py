@@ -1,0 +1,89 @@
+"""The data-parallel Dr. GRPO step (ws_lab/rollout/dp.py) on the CPU: two gloo ranks, each
+with its share of whole groups and the policy's scoring wrapped in DDP, make the same update
+as one process on the union batch (fp32, the tiny Qwen2 config, SGD so that the update is the
+gradient itself)."""
+import copy
+import os
+import socket
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from ws_lab.rollout import config, dp, grpo  # noqa: E402
+from ws_lab.rollout.task import EOS  # noqa: E402
+
+GROUP, GROUPS, PROMPT, COMPLETION, MICRO = 2, 4, 6, 5, 2
+
+
+def _batch():
+    """The union batch: prompts, completions (one with an early EOS) and rewards."""
+    gen = torch.Generator().manual_seed(1)
+    vocab = config.TINY["vocab_size"]
+    prompts = torch.randint(0, vocab, (GROUP * GROUPS, PROMPT), generator=gen)
+    completions = torch.randint(0, vocab, (GROUP * GROUPS, COMPLETION), generator=gen)
+    completions[1, 2] = EOS
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 3.0])
+    return prompts, completions, rewards
+
+
+def _step(rank_slice=slice(None), scorer_of=None):
+    """One Dr. GRPO step from the seed-0 tiny model: (parameters after it, its report)."""
+    policy = config.random_model(config.qwen2_config(config.TINY), torch.float32, "cpu")
+    reference = copy.deepcopy(policy)
+    optimizer = torch.optim.SGD(policy.parameters(), lr=1.0)
+    prompts, completions, rewards = (t[rank_slice] for t in _batch())
+    scorer = scorer_of(policy) if scorer_of else None
+    report = grpo.update(policy, reference, optimizer, prompts, completions, rewards, GROUP, EOS,
+                         micro_batch=MICRO, scorer=scorer)[0]
+    return [p.detach().clone() for p in policy.parameters()], report
+
+
+def _rank(rank, world, port, out):
+    import torch.distributed as dist
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    assert dp.init("gloo") == (rank, world)
+    share = dp.share(GROUP * GROUPS, GROUP, rank, world)
+    params, report = _step(share, lambda policy: dp.scorer(policy, MICRO))
+    if rank == 0:
+        torch.save({"params": params, "report": report.__dict__}, out)
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_gloo_ranks_make_the_single_process_update(tmp_path):
+    out = tmp_path / "rank0.pt"
+    torch.multiprocessing.spawn(_rank, args=(2, _free_port(), str(out)), nprocs=2, join=True)
+    got = torch.load(out)
+    want_params, want = _step()
+    initial = config.random_model(config.qwen2_config(config.TINY), torch.float32, "cpu")
+    moved = max((w - i).abs().max().item() for w, i in zip(want_params, initial.parameters()))
+    assert moved > 1e-3  # the step moved the weights: the comparison below can fail
+    for g, w in zip(got["params"], want_params):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+    for name in ("loss", "ratio", "kl", "grad_norm"):
+        assert got["report"][name] == pytest.approx(getattr(want, name), rel=1e-5, abs=1e-6), name
+
+
+def test_a_share_is_whole_groups_on_every_rank():
+    assert [dp.share(8, 2, r, 2) for r in range(2)] == [slice(0, 4), slice(4, 8)]
+    with pytest.raises(ValueError, match="3 groups of 2 do not split evenly over 2 ranks"):
+        dp.share(6, 2, 0, 2)
+    with pytest.raises(ValueError, match="7 responses are not whole groups of 2"):
+        dp.share(7, 2, 0, 2)
+
+
+def test_init_outside_torchrun_says_so(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(RuntimeError, match="not started by torchrun: RANK, WORLD_SIZE"):
+        dp.init("gloo")
