@@ -91,6 +91,7 @@ def _lab_path(hf, prompts, new, path, eos_id):
         return generate(model, prompts, new, Sampling(temperature=1.0, top_k=TOP_K), eos_id,
                         check_every=32, progress=progress)
 
+    run.model = model  # the GRPO step refreshes its weights after each update
     return run
 
 
@@ -218,13 +219,18 @@ def grpo_step(hf, args, group=GRPO_GROUP):
     prompts = prompts.repeat_interleave(group, dim=0)
     operands = operands.repeat_interleave(group, dim=0)
     rollout = _lab_path(policy, prompts, args.new, "lab-fused", task.eos_id)
+
+    def update(tokens, rewards):
+        report = grpo.update(policy, reference, optimizer, prompts, tokens, rewards, group,
+                             task.eos_id)[0]
+        rollout.model.refresh_weights()  # in place: the next rollout samples the new policy
+        return report
+
     for _ in range(1 + args.steps):
         out = phase("generate", rollout)
         rewards = task.rewards(operands, out.tokens.cpu())
         policy.train()
-        report = phase("update", lambda: grpo.update(policy, reference, optimizer, prompts,
-                                                     out.tokens, rewards, group,
-                                                     task.eos_id)[0])
+        report = phase("update", lambda: update(out.tokens, rewards))
         policy.eval()
         # grpo.update times its log-probs apart; the update phase is the rest of it
         seconds["log-probs"].append(report.logprob_s)

@@ -37,6 +37,48 @@ def test_greedy_decoding_equals_hf_generate(heads, kv_heads):
     assert len(set(ref.flatten().tolist())) > 5  # a model whose tokens vary, not one repeated id
 
 
+def test_a_model_serves_requests_of_other_prompt_lengths_from_one_kept_state():
+    """generate() keeps its state on the model per request shape: a second and third call,
+    with shorter and longer prompts, reuse it and still equal HF generate token for token."""
+    model = config.random_model(config.qwen2_config(config.TINY), torch.float32, "cpu", seed=3)
+    lab = DecodeModel(model, 3, 64, attention="sdpa")
+    no_eos = model.config.vocab_size + 1
+    for length in (11, 5, 20):
+        prompts = torch.randint(0, model.config.vocab_size, (3, length))
+        got = generate(lab, prompts, 16, Sampling(temperature=0), eos_id=no_eos)
+        # every token is attended: HF would take the prompts' 0s for padding (pad_token_id)
+        ref = model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=16,
+                             min_new_tokens=16, do_sample=False, eos_token_id=None,
+                             pad_token_id=0)[:, length:]
+        assert torch.equal(got.tokens, ref), length
+    assert len(lab.decode_runs) == 1
+
+
+def test_refreshed_weights_give_a_rebuilt_models_logits():
+    """After the HF weights change (an optimizer step), ``refresh_weights`` brings the packed
+    q|k|v, o, gate|up and down copies up to date in place: the same forced tokens give the
+    logits of a DecodeModel built from the new weights, and the buffers keep their addresses."""
+    model = config.random_model(config.qwen2_config(config.TINY), torch.float32, "cpu", seed=4)
+    lab = DecodeModel(model, 2, 32, attention="sdpa")
+    prompts = torch.randint(0, model.config.vocab_size, (2, 7))
+    forced = torch.randint(0, model.config.vocab_size, (2, 8))
+
+    def logits(decode_model):
+        return generate(decode_model, prompts, 8, Sampling(temperature=0), eos_id=0,
+                        forced=forced, keep_logits=True).logits
+
+    before, address = logits(lab), lab.flat.data_ptr()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    stale = logits(lab)
+    lab.refresh_weights()
+    fresh = logits(lab)
+    torch.testing.assert_close(fresh, logits(DecodeModel(model, 2, 32, attention="sdpa")))
+    assert not torch.allclose(stale, fresh) and not torch.allclose(before, fresh)
+    assert lab.flat.data_ptr() == address
+
+
 def test_sampling_keeps_to_top_k_and_top_p():
     logits = torch.randn(64, 50)
     assert torch.equal(sample(logits, Sampling(temperature=1.0, top_k=1)), logits.argmax(-1))

@@ -98,3 +98,39 @@ def test_top_k_loop_draws_each_token_from_its_steps_k_largest(hf):
                    keep_logits=True)
     kth = torch.topk(out.logits, k, dim=-1).values[..., -1]
     assert (out.logits.gather(-1, out.tokens[..., None])[..., 0] >= kth).all()
+
+
+def test_later_requests_replay_the_captured_step(hf):
+    """The first generate() captures the step; later ones of the same shape, with other prompt
+    lengths, replay that capture and give the greedy tokens of a freshly built model; after
+    the weights change, ``refresh_weights`` gives a rebuilt model's logits with the same
+    capture."""
+    vocab = hf.config.vocab_size
+    model = DecodeModel(hf, BATCH, PROMPT + 32, "fused")
+    greedy = Sampling(temperature=0)
+    first = None
+    for length in (PROMPT, 57, PROMPT - 1):
+        prompts = torch.randint(0, vocab, (BATCH, length), device="cuda")
+        got = generate(model, prompts, 32, greedy, eos_id=vocab).tokens
+        replay = next(iter(model.decode_runs.values())).replay
+        first = first or replay
+        assert replay == first and len(model.decode_runs) == 1
+        fresh = generate(DecodeModel(hf, BATCH, PROMPT + 32, "fused"), prompts, 32, greedy,
+                         eos_id=vocab).tokens
+        assert torch.equal(got, fresh), length
+    copy = config.random_model(config.qwen2_config(), torch.bfloat16, "cuda", seed=1)
+    model = DecodeModel(copy, BATCH, PROMPT + 16, "fused")
+    prompts = torch.randint(0, vocab, (BATCH, PROMPT), device="cuda")
+    forced = torch.randint(0, vocab, (BATCH, 16), device="cuda")
+
+    def logits(decode_model):
+        return generate(decode_model, prompts, 16, greedy, eos_id=vocab, forced=forced,
+                        keep_logits=True).logits
+
+    logits(model)
+    with torch.no_grad():
+        for p in copy.parameters():
+            p.mul_(1.01)
+    model.refresh_weights()
+    torch.testing.assert_close(logits(model), logits(DecodeModel(copy, BATCH, PROMPT + 16,
+                                                                 "fused")))

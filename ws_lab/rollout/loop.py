@@ -37,16 +37,44 @@ class Rollout:
 
 
 class _State:
-    """The step's device state; every tensor keeps its address, as graph replays need."""
+    """The step's device state; every tensor keeps its address, as graph replays need, and is
+    refilled in place by ``reset`` for the next request of the same shape."""
 
-    def __init__(self, prompts, max_new, eos_id, keep_logits, vocab):
+    def __init__(self, prompts, max_new, eos_id, keep_logits, vocab, forced):
         batch, dev = prompts.shape[0], prompts.device
+        self.eos_id = eos_id
         self.tokens = torch.zeros(batch, dtype=torch.long, device=dev)
-        self.positions = torch.full((batch,), prompts.shape[1], dtype=torch.int32, device=dev)
+        self.positions = torch.zeros(batch, dtype=torch.int32, device=dev)
         self.finished = torch.zeros(batch, dtype=torch.bool, device=dev)
         self.step = torch.zeros(1, dtype=torch.long, device=dev)  # column of the next token
-        self.out = torch.full((batch, max_new), eos_id, dtype=torch.long, device=dev)
-        self.logits = (torch.zeros(batch, max_new, vocab, device=dev) if keep_logits else None)
+        self.out = torch.empty(batch, max_new, dtype=torch.long, device=dev)
+        self.logits = (torch.empty(batch, max_new, vocab, device=dev) if keep_logits else None)
+        self.forced = (torch.empty(batch, max_new, dtype=torch.long, device=dev)
+                       if forced is not None else None)
+        # the top-k kernel's seed is this base plus the step counter: no seed launch in a step
+        self.seed = torch.zeros(1, dtype=torch.long, device=dev)
+
+    def reset(self, prompts, forced):
+        """A fresh request: positions at the prompt's length, nothing finished, the output all
+        EOS, ``forced``'s first max_new columns, a new seed base."""
+        self.tokens.zero_()
+        self.positions.fill_(prompts.shape[1])
+        self.finished.zero_()
+        self.step.zero_()
+        self.out.fill_(self.eos_id)
+        if self.logits is not None:
+            self.logits.zero_()
+        if forced is not None:
+            self.forced.copy_(forced[:, :self.out.shape[1]])
+        self.seed.copy_(torch.randint(0, 2**31 - 1, (1,), device=self.seed.device))
+
+
+class _Run:
+    """What ``generate`` keeps on the model per request shape: the state and, on CUDA, the
+    captured step (None until the first call has run a step eagerly)."""
+
+    def __init__(self, state):
+        self.state, self.replay = state, None
 
 
 def _record(state, logits, next_tokens, forced, eos_id, move):
@@ -77,47 +105,55 @@ def generate(model: DecodeModel, prompts: torch.Tensor, max_new: int, sampling: 
              forced: torch.Tensor | None = None, keep_logits: bool = False,
              progress=None) -> Rollout:
     """Generates up to ``max_new`` tokens after equal-length ``prompts`` (B, P). ``graph``:
-    capture the step as a CUDA graph (default: on CUDA). ``progress(n)`` is told of each
-    step."""
+    capture the step as a CUDA graph (default: on CUDA). The state and the captured step are
+    kept on the model per request shape (max_new, sampling, EOS, keep_logits, forced or not):
+    the first call captures, every later one replays, with prompts of any length up to the
+    capacity. ``progress(n)`` is told of each step."""
     import time
 
     _check_request(model, prompts, max_new, forced)
     cuda = prompts.is_cuda
     graph = cuda if graph is None else graph
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    state = _State(prompts, max_new, eos_id, keep_logits, model.lm_head.shape[0])
+    key = (max_new, sampling, eos_id, keep_logits, forced is not None, graph)
+    if key not in model.decode_runs:
+        model.decode_runs[key] = _Run(_State(prompts, max_new, eos_id, keep_logits,
+                                             model.lm_head.shape[0], forced))
+    run = model.decode_runs[key]
+    state = run.state
     start = time.perf_counter()
+    state.reset(prompts, forced)
     logits = model.prefill(prompts)
-    _record(state, logits, sample(logits, sampling), forced, eos_id, move=False)
+    _record(state, logits, sample(logits, sampling), state.forced, eos_id, move=False)
     sync()
     prefill_s = time.perf_counter() - start
-
-    # the top-k kernel's seed is this base plus the step counter: no seed launch in the step
-    seed = (torch.randint(0, 2**31 - 1, (1,), device=prompts.device), state.step)
+    seed = (state.seed, state.step)
 
     def step():
         step_logits = model.step(state.tokens, state.positions)
         _record(state, step_logits, sample(step_logits, sampling, model.logit_chunk_max, seed),
-                forced, eos_id, move=True)
+                state.forced, eos_id, move=True)
 
-    run, done = step, 0
-    if max_new > 1 and graph:  # the first step runs eagerly (compiles, allocates), then capture
-        run()
+    execute, done = run.replay or step, 0
+    if max_new > 1 and graph and run.replay is None:
+        step()  # the first call's first step runs eagerly (compiles, allocates), then capture
         done = 1
-        run = _capture(step)
+        run.replay = execute = _capture(step)
     sync()
     start, timed_from = time.perf_counter(), done
     with torch.profiler.record_function(DECODE_RANGE):  # the replays, for a profiler's window
         while done < max_new - 1:
-            run()
+            execute()
             done += 1
             if progress:
                 progress(1)
             if done % check_every == 0 and bool(state.finished.all()):
                 break
         sync()
-    return Rollout(state.out, done - timed_from, prefill_s, time.perf_counter() - start,
-                   state.logits)
+    decode_s = time.perf_counter() - start
+    # copies: the next request of this shape refills the state's buffers
+    return Rollout(state.out.clone(), done - timed_from, prefill_s, decode_s,
+                   None if state.logits is None else state.logits.clone())
 
 
 def _check_request(model, prompts, max_new, forced):

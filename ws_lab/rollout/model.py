@@ -78,6 +78,9 @@ class DecodeModel:
         positions = torch.arange(capacity, device=self.device)[None]
         cos, sin = inner.rotary_emb(self.k_cache[0, :1, 0], positions)  # HF's own tables
         self.cos, self.sin = cos[0].contiguous(), sin[0].contiguous()  # (Lmax, D)
+        # generate()'s state and captured step per request shape (ws_lab/rollout/loop.py):
+        # captured once, replayed by every later call
+        self.decode_runs = {}
 
     @staticmethod
     def _fuse(layer):
@@ -93,8 +96,8 @@ class DecodeModel:
 
     def _pack(self):
         """Every layer's GEMM weights back to back in one buffer, in the order they run (the
-        weights are copies: rebuild the model after an update), so that what a GEMM prefetches
-        (``PREFETCH``) is one range, across a layer boundary too."""
+        weights are copies: ``refresh_weights`` after an update), so that what a GEMM
+        prefetches (``PREFETCH``) is one range, across a layer boundary too."""
         flat = torch.cat([w[name].detach().reshape(-1)
                           for w in self.layers for name in GEMM_WEIGHTS])
         at, self.spans = 0, []
@@ -107,6 +110,20 @@ class DecodeModel:
             self.spans.append(spans)
         self.flat = flat
         self.set_prefetch(PREFETCH)
+
+    @torch.no_grad()
+    def refresh_weights(self):
+        """After an optimizer step on the HF model: its q|k|v (and bias), o, gate|up and down
+        weights into the packed copies, in place: no allocation, so the captured decode steps
+        (``decode_runs``) stay valid. The norms, the embedding and the lm_head are the HF
+        tensors themselves."""
+        for w, layer in zip(self.layers, self.hf.model.layers):
+            att, mlp = layer.self_attn, layer.mlp
+            torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight], out=w["qkv_w"])
+            torch.cat([att.q_proj.bias, att.k_proj.bias, att.v_proj.bias], out=w["qkv_b"])
+            w["o_w"].copy_(att.o_proj.weight)
+            torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight], out=w["gate_up_w"])
+            w["down_w"].copy_(mlp.down_proj.weight)
 
     def set_prefetch(self, span):
         """``span`` (first, last) or None: layer i prefetches ``flat`` from its ``first`` weight
