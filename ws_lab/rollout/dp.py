@@ -45,10 +45,10 @@ def share(responses: int, group: int, rank: int, world: int) -> slice:
     return slice(rank * per_rank, (rank + 1) * per_rank)
 
 
-def scorer(policy, micro_batch: int = 8) -> torch.nn.Module:
+def scorer(policy, micro_batch: int = 8, logprobs: str = "torch") -> torch.nn.Module:
     """The policy's scoring wrapped in DDP (for ``grpo.update(..., scorer=)``): its backward
     all-reduces the gradients over the default process group."""
     from torch.nn.parallel import DistributedDataParallel
 
     device_ids = [torch.cuda.current_device()] if next(policy.parameters()).is_cuda else None
-    return DistributedDataParallel(Scorer(policy, micro_batch), device_ids=device_ids)
+    return DistributedDataParallel(Scorer(policy, micro_batch, logprobs), device_ids=device_ids)

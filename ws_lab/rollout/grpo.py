@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ws_lab import registry
+
 
 def completion_mask(completions: torch.Tensor, eos_id: int) -> torch.Tensor:
     """(B, C) 1.0 up to and including the first EOS; all ones where there is no EOS."""
@@ -25,17 +27,30 @@ def completion_mask(completions: torch.Tensor, eos_id: int) -> torch.Tensor:
     return (steps[None, :] <= first[:, None]).float()
 
 
+LOGPROB_BACKENDS = ("torch", "lab")
+
+
 def token_logprobs(model, prompts: torch.Tensor, completions: torch.Tensor,
-                   micro_batch: int = 8) -> torch.Tensor:
+                   micro_batch: int = 8, backend: str = "torch") -> torch.Tensor:
     """log p(completion token t | prompt, completion[:t]) (B, C): one forward over prompt +
-    completion, the logits at positions P − 1 … P + C − 2, only those through the lm_head."""
+    completion, the hidden states at positions P − 1 … P + C − 2 through the lm_head. Backend
+    ``"torch"``: the (B, C, V) logits, log_softmax, gather; ``"lab"``: the lm_head, log-softmax
+    and gather chunked over the vocabulary (kernels/step/token_logprobs.py: the logits are
+    never whole; checked on the CPU, not yet measured on a GPU)."""
+    if backend not in LOGPROB_BACKENDS:
+        raise ValueError(f"backend must be one of {LOGPROB_BACKENDS}, got {backend!r}")
     length = prompts.shape[1]
     rows = []
     for start in range(0, prompts.shape[0], micro_batch):
         ids = torch.cat([prompts, completions], dim=1)[start:start + micro_batch]
         hidden = model.model(ids).last_hidden_state[:, length - 1:-1]
-        logits = model.lm_head(hidden).float()
         target = completions[start:start + micro_batch]
+        if backend == "lab":
+            flat = registry.decode("token_logprobs").token_logprobs(
+                hidden.reshape(-1, hidden.shape[-1]), model.lm_head.weight, target.reshape(-1))
+            rows.append(flat.view(target.shape))
+            continue
+        logits = model.lm_head(hidden).float()
         rows.append(torch.log_softmax(logits, dim=-1).gather(-1, target[..., None])[..., 0])
     return torch.cat(rows)
 
@@ -44,12 +59,12 @@ class Scorer(torch.nn.Module):
     """``token_logprobs`` of a model as a module's forward, so that DDP can wrap the policy's
     scoring (its gradient all-reduce hooks run for a forward through the wrapper)."""
 
-    def __init__(self, model, micro_batch: int = 8):
+    def __init__(self, model, micro_batch: int = 8, backend: str = "torch"):
         super().__init__()
-        self.model, self.micro_batch = model, micro_batch
+        self.model, self.micro_batch, self.backend = model, micro_batch, backend
 
     def forward(self, prompts: torch.Tensor, completions: torch.Tensor) -> torch.Tensor:
-        return token_logprobs(self.model, prompts, completions, self.micro_batch)
+        return token_logprobs(self.model, prompts, completions, self.micro_batch, self.backend)
 
 
 def advantages(rewards: torch.Tensor, group: int) -> torch.Tensor:
@@ -83,21 +98,23 @@ class StepReport:
 
 def update(policy, reference, optimizer, prompts, completions, rewards, group: int, eos_id: int,
            *, inner_steps: int = 1, clip_eps: float = 0.2, beta: float = 0.04,
-           max_grad_norm: float = 1.0, micro_batch: int = 8, scorer=None) -> list[StepReport]:
+           max_grad_norm: float = 1.0, micro_batch: int = 8, scorer=None,
+           logprobs: str = "torch") -> list[StepReport]:
     """The Dr. GRPO update after a rollout: old and reference log-probs once, then
     ``inner_steps`` optimizer steps (gradient clipping each), micro-batched backward passes.
     ``scorer``: the module whose forward gives the policy's log-probs with gradients (default
     ``Scorer(policy)``; data-parallel: ``ws_lab.rollout.dp.scorer``, a DDP wrapper, with this
-    rank's share of whole groups). Returns one report per inner step (inner step 0's ratio is
-    exactly 1), its loss, ratio and KL over every rank's responses."""
+    rank's share of whole groups). ``logprobs``: ``token_logprobs``'s backend for the old,
+    reference and policy log-probs. Returns one report per inner step (inner step 0's ratio
+    is exactly 1), its loss, ratio and KL over every rank's responses."""
     sync = torch.cuda.synchronize if prompts.is_cuda else (lambda: None)
-    scorer = Scorer(policy, micro_batch) if scorer is None else scorer
+    scorer = Scorer(policy, micro_batch, logprobs) if scorer is None else scorer
     start = time.perf_counter()
     mask = completion_mask(completions, eos_id)
     adv = advantages(rewards.to(mask.device), group)
     with torch.no_grad():
-        logp_old = token_logprobs(policy, prompts, completions, micro_batch)
-        logp_ref = token_logprobs(reference, prompts, completions, micro_batch)
+        logp_old = token_logprobs(policy, prompts, completions, micro_batch, logprobs)
+        logp_ref = token_logprobs(reference, prompts, completions, micro_batch, logprobs)
     sync()
     logprob_s = time.perf_counter() - start
     reports = []
