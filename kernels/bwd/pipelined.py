@@ -204,7 +204,7 @@ def _gemm(async_gemms: bool):
 def _settle(pending, acc, regs):
     """Waits until at most ``pending`` async GEMMs still run, then fences ``acc``'s ``regs``
     registers a thread: T.wgmma_gemm fences its accumulator before this wait, not after it
-    (TILELANG-FACTS), so nothing may read it early."""
+    (pinned: tests/upstream/test_wgmma_fences.py), so nothing may read it early."""
     T.wait_wgmma(pending)
     T.warpgroup_fence_operand(acc, num_regs=regs)
 
