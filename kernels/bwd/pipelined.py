@@ -1,29 +1,37 @@
-"""Pipelined GQA backward — the lab's first TileLang backward, the baseline the warp-specialized
-one (issue #46) is measured against.
+"""Pipelined GQA backward — the lab's TileLang backward, on TileLang's automatic warp
+specialization.
 
-FA3 counterpart: ``hopper/mainloop_bwd_sm90_tma_gmma_ws.hpp`` in structure, not in roles: each
-CTA holds one K/V tile of one KV head and loops over the Q tiles of every query head of its
-group, so dK and dV are summed over the group in registers (no atomics, no second pass), and
-written once in the input dtype. dQ is summed in fp32 by atomic adds into an accumulator
-(B, S, Hq, D) that ``prepost.preprocess`` clears (beside Δ) and ``prepost.postprocess``
-casts to q's dtype (FA3's two small kernels, ``kernels/bwd/prepost.py``). TileLang's automatic warp
-specialization on sm_90a splits the ``T.Pipelined`` loop into a producer warpgroup (the Q and
-dO tiles, ``setmaxnreg`` 24) and ``threads / 128`` consumer warpgroups (``setmaxnreg`` 240).
+FA3 counterpart: ``hopper/mainloop_bwd_sm90_tma_gmma_ws.hpp`` in structure: each CTA holds one
+K/V tile of one KV head and loops over the Q tiles of every query head of its group, so dK and
+dV are summed over the group in registers (no atomics, no second pass), and written once in the
+input dtype. dQ leaves each step FA3's way: the fp32 tile is staged in shared memory and one
+thread adds it into the accumulator with one bulk reduce-add (``dq_stager``); ``prepost``
+clears the accumulator (beside Δ) and casts it to q's dtype (FA3's two small kernels).
+
+Roles (TileLang's automatic warp specialization of the ``T.Pipelined`` loop, sm_90a):
+  2 consumer warpgroups, 64 K/V rows each               setmaxnreg 240
+  1 producer warpgroup: TMA of the Q / dO tiles, lse, Δ  setmaxnreg 24
+Barriers: the pipeline's mbarriers (TileLang's own: a full / empty pair a stage and buffer);
+named barrier id 3 (TileLang's consumer syncs) and ``NamedBarrier.BWD_DQ_STAGE`` (the consumers,
+twice a step around dQ's staging tile, once after the loop).
 
 The five GEMMs of a step, with the K/V tile as the M side (rows i: keys; columns j: queries):
   Sᵀ = K Qᵀ (SS)            Pᵀ = exp2(Sᵀ·scale·log2 e − lse_j·log2 e), 0 past S or the diagonal
-  dPᵀ = V dOᵀ (SS)          dSᵀ = Pᵀ ∘ (dPᵀ − Δ_j) · scale, Δ = rowsum(dO ∘ O)
-  dV += Pᵀ dO (RS)          dK += dSᵀ Q (SS)           dQᵀ_j += Kᵀ dSᵀ (SS; D as M: FA3's swapAB)
-Shared memory at D 128 and the default tiles (bm 128 K/V rows, bn 32 Q rows, 2 stages): K and
-  V 64 KB, the Q and dO rings 32 KB, dSᵀ 8 KB, lse and Δ 0.5 KB: 108544 B as lowered (the
-  dK / dV store buffer reuses freed space).
-Causal steps start at the first Q tile that sees the K/V tile; the tiles that straddle the
-diagonal, and the ragged last Q and K/V tiles, are masked. Correct on the H100 over the grid of
-tests/ws/test_bwd.py; 0.59–0.61 × TileOPs' backward on the full rows and 0.34–0.41 × on the
-causal ones (notes/bwd.md, "Session 35"). ``Config(async_gemms=True)``: the GEMMs issued
-async and waited for only where a result is read (dPᵀ under P's exp2, dV under dSᵀ's math);
-correct on three cases and 1.03 × the default on train8b-4k, not yet run over the whole test
-grid, so not the default.
+  dV += Pᵀ dO (RS)          dPᵀ = V dOᵀ (SS), issued after dV so Sᵀ, Pᵀ and dPᵀ are never
+                            all live (the other order spilled at 64 Q rows a step)
+  dSᵀ = Pᵀ ∘ (dPᵀ − Δ_j) · scale, Δ = rowsum(dO ∘ O)
+  dK += dSᵀ Q (SS)          dQ = dS K (SS, dSᵀ read transposed), issued with dK, one wait;
+                            then staged → bulk reduce-add
+Shared memory at D 128 and the default tiles (bm 128 K/V rows, bn 64 Q rows, 2 stages): K and
+  V 64 KB, the Q and dO rings 64 KB, dSᵀ 16 KB, dQ's staging 34 KB (64 × 136 fp32: 8 pad
+  columns put each row on other banks), lse and Δ 1 KB: 184320 B as lowered (the dK / dV store
+  buffer reuses K's bytes).
+Grid (``kv_grid``): causal, every head's K/V tile 0 (the longest walk) launches first; full,
+  a head's K/V tiles launch together. Causal steps start at the first Q tile that sees the K/V
+  tile; only the tiles that straddle the diagonal and the ragged last Q and K/V tiles are
+  masked. Correct on the H100 over the grid of tests/ws/test_bwd.py; 0.89–0.90 × TileOPs'
+  backward on the full rows, 0.80 × on the causal ones (then 1.03 × from issuing dK and dQ
+  together), and ahead of every peer on the Qwen row (notes/bwd.md, "Session 36").
 
 Deterministic mode (``attention_bwd(..., deterministic=True)``): the main kernel without dQ
 (``with_dq=False``: four GEMMs), then ``flash_bwd_dq``, FA2's separate dQ pass in place of FA3's
@@ -35,6 +43,7 @@ reuses freed space). Bitwise repeatable over 20 runs on the H100 (tests/ws/test_
 """
 import functools
 import math
+import operator
 from dataclasses import dataclass
 
 import tilelang.language as T
@@ -44,6 +53,7 @@ from ws_lab.check import (Support, head_dims_supported, require_device,
                           validate_attention_inputs)
 from ws_lab.kernels import LOG2E
 from ws_lab.kernels.bwd import prepost
+from ws_lab.kernels.fwd.barriers import NamedBarrier
 from ws_lab.target import compile_sm90a
 
 HEAD_DIMS = ((64, 64), (128, 128))
@@ -55,15 +65,13 @@ class Config:
     block_q: int  # Q rows a step (bn)
     threads: int  # consumer threads (the producer warpgroup comes on top)
     num_stages: int
-    # The main kernel's GEMMs issued async (T.wgmma_gemm) and waited for only where their
-    # result is read: dPᵀ runs under P's exp2, dV under dSᵀ's math (notes/bwd.md, "Session 35")
-    async_gemms: bool = False
 
 
-# 2 consumer warpgroups of 64 K/V rows each; 32 Q rows a step keep Sᵀ, dPᵀ, dQᵀ at 16
-# registers a thread beside dK and dV's 64 each: no spill at 168 (bm 128 / bn 64 spilled 128 B
-# and serialized its wgmma; notes/bwd.md).
-DEFAULT = Config(block_kv=128, block_q=32, threads=256, num_stages=2)
+# 2 consumer warpgroups of 64 K/V rows each, 64 Q rows a step: Sᵀ, dPᵀ and dQ 32 registers a
+# thread beside dK and dV's 64 each. dPᵀ is issued after dV so Sᵀ (fp32), Pᵀ and dPᵀ are never
+# live at once: in the other order bn 64 spilled and serialized every wgmma (notes/bwd.md,
+# "Session 36").
+DEFAULT = Config(block_kv=128, block_q=64, threads=256, num_stages=2)
 # The dQ kernel's tiles (deterministic mode): 128 Q rows over two consumer warpgroups, 64 K/V
 # rows a step (dQ 64 + S 32 + dP 32 registers a thread at D 128).
 DQ_DEFAULT = Config(block_kv=64, block_q=128, threads=256, num_stages=2)
@@ -78,16 +86,26 @@ def flash_bwd(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softmax_
     scale_log2 = softmax_scale * LOG2E
     accum = "float"
     n_qtiles = (seq_len + bn - 1) // bn
+    n_kvtiles = (seq_len + bm - 1) // bm
     live = _live(seq_len, causal)
-    gemm = _gemm(cfg.async_gemms)
-    overlap = cfg.async_gemms
-    step_regs = bm * bn // cfg.threads  # Sᵀ, dPᵀ and dQᵀ: fp32 registers a thread
-    acc_regs = bm * head_dim // cfg.threads  # dK and dV
+    stage_dq = dq_stager(bn, head_dim, cfg.threads)
+    if prepost.DQ_ROW_ALIGN % bn:
+        raise ValueError(f"block_q {bn} must divide the dQ accumulator's row alignment "
+                         f"{prepost.DQ_ROW_ALIGN}")
+
+    def masked(qt, bx):
+        """Whether the (Q tile, K/V tile) step needs the mask: it straddles the diagonal, or
+        one of its tiles is the ragged last one; False where no step ever does."""
+        conds = [qt * bn < (bx + 1) * bm] if causal else []
+        conds += [(qt + 1) * bn > seq_len] if seq_len % bn else []
+        conds += [(bx + 1) * bm > seq_len] if seq_len % bm else []
+        return functools.reduce(operator.or_, conds) if conds else False
 
     @T.macro
     def body(Q, K, V, dO, LSE, Delta, dQ, dK, dV):
-        with T.Kernel(T.ceildiv(seq_len, bm), kv_heads, batch, threads=cfg.threads) as (
-                bx, kvh, bz):
+        with T.Kernel(*kv_grid(n_kvtiles, kv_heads, batch, causal), threads=cfg.threads) as (
+                gx, gy):
+            bx, kvh, bz = kv_tile(gx, gy, n_kvtiles, kv_heads, causal)
             k_s = T.alloc_shared([bm, head_dim], dtype)
             v_s = T.alloc_shared([bm, head_dim], dtype)
             q_s = T.alloc_shared([bn, head_dim], dtype)
@@ -102,10 +120,10 @@ def flash_bwd(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softmax_
             dk = T.alloc_fragment([bm, head_dim], accum)
             dv = T.alloc_fragment([bm, head_dim], accum)
             dkv_s = T.alloc_shared([bm, head_dim], dtype)
-            if overlap:
-                stage_hold = T.alloc_local([1], dtype)
             if with_dq:
-                dqt = T.alloc_fragment([head_dim, bn], accum)  # dQᵀ: D is the M side (swapAB)
+                stage_hold = T.alloc_local([1], dtype)
+                dq_frag = T.alloc_fragment([bn, head_dim], accum)
+                dq_s = T.alloc_shared([bn, head_dim + prepost.DQ_PAD], accum)  # dQ's staging
 
             T.copy(K[bz, bx * bm:(bx + 1) * bm, kvh, :], k_s)
             T.copy(V[bz, bx * bm:(bx + 1) * bm, kvh, :], v_s)
@@ -116,47 +134,50 @@ def flash_bwd(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softmax_
             for it in T.Pipelined(group * steps, num_stages=cfg.num_stages):
                 h = kvh * group + it // steps
                 qt = first + it % steps
+                mask_step = masked(qt, bx)
                 T.copy(Q[bz, qt * bn:(qt + 1) * bn, h, :], q_s)
                 T.copy(dO[bz, qt * bn:(qt + 1) * bn, h, :], do_s)
                 T.copy(LSE[bz, h, qt * bn:(qt + 1) * bn], lse_s)
                 T.copy(Delta[bz, h, qt * bn:(qt + 1) * bn], delta_s)
                 T.clear(st)
-                gemm(k_s, q_s, st, transpose_B=True)
-                T.clear(dpt)
-                gemm(v_s, do_s, dpt, transpose_B=True)
-                if overlap:
-                    _settle(1, st, step_regs)  # Sᵀ (dPᵀ may still run)
+                _gemm(k_s, q_s, st, transpose_B=True)
                 for i, j in T.Parallel(bm, bn):
-                    st[i, j] = T.if_then_else(live(bx * bm + i, qt * bn + j),
-                                              T.exp2(st[i, j] * scale_log2 - lse_s[j] * LOG2E), 0)
+                    st[i, j] = T.exp2(st[i, j] * scale_log2 - lse_s[j] * LOG2E)
+                if mask_step:
+                    for i, j in T.Parallel(bm, bn):
+                        st[i, j] = T.if_then_else(live(bx * bm + i, qt * bn + j), st[i, j], 0)
                 T.copy(st, pt)
-                gemm(pt, do_s, dv)
-                if overlap:
-                    _settle(1, dpt, step_regs)  # dPᵀ (dV may still run)
-                for i, j in T.Parallel(bm, bn):  # masked again: Δ past S is not data
-                    dst[i, j] = T.if_then_else(live(bx * bm + i, qt * bn + j),
-                                               st[i, j] * (dpt[i, j] - delta_s[j]) * softmax_scale,
-                                               0)
+                _gemm(pt, do_s, dv)
+                T.clear(dpt)
+                _gemm(v_s, do_s, dpt, transpose_B=True)
+                for i, j in T.Parallel(bm, bn):
+                    dst[i, j] = st[i, j] * (dpt[i, j] - delta_s[j]) * softmax_scale
+                if mask_step:  # again: Δ past S is not data
+                    for i, j in T.Parallel(bm, bn):
+                        dst[i, j] = T.if_then_else(live(bx * bm + i, qt * bn + j), dst[i, j], 0)
                 # dSᵀ goes through shared memory once and both GEMMs read it there: copying an
                 # RS operand fragment to shared memory writes wrong data (tilelang #2954)
                 T.copy(dst, ds_s)
-                gemm(ds_s, q_s, dk)
-                if with_dq:
-                    T.clear(dqt)
-                    gemm(k_s, ds_s, dqt, transpose_A=True)
-                if overlap:
-                    _settle(0, dk, acc_regs)  # dV, dK and dQᵀ done
-                    T.warpgroup_fence_operand(dv, num_regs=acc_regs)
-                    if with_dq:
-                        T.warpgroup_fence_operand(dqt, num_regs=step_regs)
+                if with_dq:  # dK and dQ issued together, one wait (notes/bwd.md, "Session 36")
+                    T.clear(dq_frag)
+                    T.wgmma_gemm(ds_s, q_s, dk, policy=T.GemmWarpPolicy.FullRow)
+                    T.wgmma_gemm(ds_s, k_s, dq_frag, transpose_A=True,
+                                 policy=T.GemmWarpPolicy.FullRow)
+                    T.wait_wgmma(0)
+                    # T.wgmma_gemm fences before the wait, not after (tests/upstream/
+                    # test_wgmma_fences.py)
+                    T.warpgroup_fence_operand(dk, num_regs=bm * head_dim // cfg.threads)
+                    T.warpgroup_fence_operand(dq_frag, num_regs=bn * head_dim // cfg.threads)
                     # the pipeline frees a stage after its tiles' last access, and an issued
-                    # wgmma is no finished read: reading q_s and do_s here holds the stage
-                    # until dV, dK and dQᵀ are done (as TileOPs' pipelined backward does)
+                    # wgmma is no finished read: reading them here holds it until dK is done
                     stage_hold[0] = q_s[0, 0] + do_s[0, 0]
-                if with_dq:
-                    for d, j in T.Parallel(head_dim, bn):
-                        if qt * bn + j < seq_len:
-                            T.atomic_add(dQ[bz, qt * bn + j, h, d], dqt[d, j])
+                    stage_dq(dq_frag, dq_s, dQ[bz, h, qt * bn, 0])
+                else:
+                    _gemm(ds_s, q_s, dk)
+            if with_dq:  # the last reduce-add has read dq_s before dkv_s may reuse its bytes
+                if T.get_thread_binding() == 0:
+                    T.tma_store_wait(0)
+                T.sync_threads(barrier_id=NamedBarrier.BWD_DQ_STAGE, arrive_count=cfg.threads)
             T.copy(dk, dkv_s)
             T.copy(dkv_s, dK[bz, bx * bm:(bx + 1) * bm, kvh, :])
             T.copy(dv, dkv_s)
@@ -176,7 +197,8 @@ def flash_bwd(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softmax_
     if with_dq:
         @T.prim_func
         def main(Q: q_t(), K: kv_t(), V: kv_t(), dO: q_t(), LSE: row_t(), Delta: row_t(),
-                 dQ: T.Tensor([batch, seq_len, heads, head_dim], accum), dK: kv_t(),
+                 dQ: T.Tensor(prepost.dq_accum_shape(batch, seq_len, heads, head_dim), accum),
+                 dK: kv_t(),
                  dV: kv_t()):
             body(Q, K, V, dO, LSE, Delta, dQ, dK, dV)
 
@@ -190,23 +212,50 @@ def flash_bwd(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softmax_
     return main_dkdv
 
 
-def _gemm(async_gemms: bool):
-    """The main kernel's GEMM issue: ``T.wgmma_gemm`` (async: the caller waits with
-    ``_settle``) or ``T.gemm`` (waits for itself). It returns the call for the macro to emit:
-    a call dropped here would vanish from the kernel without a word."""
-    full_row = T.GemmWarpPolicy.FullRow
-    if async_gemms:
-        return lambda a, b, c, **kw: T.wgmma_gemm(a, b, c, policy=full_row, **kw)
-    return lambda a, b, c, **kw: T.gemm(a, b, c, policy=full_row, **kw)
+def dq_stager(block_q, head_dim, threads):
+    """dQ out of a step, FA3's way in place of one atomic per element: the tile goes to shared
+    memory and one thread adds it into the accumulator's contiguous (block_q, D + pad) run with
+    one bulk reduce-add, waiting for it to have read the tile only a step later, before the
+    next tile is staged (scalar atomics cost 24 % of the kernel: notes/bwd.md, "Session 36")."""
+    run_bytes = block_q * (head_dim + prepost.DQ_PAD) * 4
+
+    @T.macro
+    def stage_dq(dq_frag, dq_s, dq_run):
+        leader = T.get_thread_binding() == 0
+        if leader:
+            T.tma_store_wait(0)  # the last step's reduce-add has read dq_s
+        T.sync_threads(barrier_id=NamedBarrier.BWD_DQ_STAGE, arrive_count=threads)
+        for j, d in T.Parallel(block_q, head_dim):
+            dq_s[j, d] = dq_frag[j, d]
+        T.fence_proxy_async()  # each thread's stores, before the bulk copy reads them
+        T.sync_threads(barrier_id=NamedBarrier.BWD_DQ_STAGE, arrive_count=threads)
+        if leader:
+            T.call_extern("handle", "tl::tma_store_add", T.access_ptr(dq_s[0, 0], "r"),
+                          T.access_ptr(dq_run, "w"), run_bytes)
+            T.tma_store_arrive()
+
+    return stage_dq
 
 
-@T.macro
-def _settle(pending, acc, regs):
-    """Waits until at most ``pending`` async GEMMs still run, then fences ``acc``'s ``regs``
-    registers a thread: T.wgmma_gemm fences its accumulator before this wait, not after it
-    (pinned: tests/upstream/test_wgmma_fences.py), so nothing may read it early."""
-    T.wait_wgmma(pending)
-    T.warpgroup_fence_operand(acc, num_regs=regs)
+def kv_grid(n_kvtiles, kv_heads, batch, causal):
+    """The main kernel's grid. Causal: (KV head, batch) on x, K/V tiles on y, so every head's
+    K/V tile 0 (the longest walk: every Q tile) launches before any tile 1 (FA3's heaviest
+    first); with the tiles on x the last heads' long tiles waited for a second wave
+    (notes/bwd.md, "Session 36"). Full: the K/V tiles on x, so a head's CTAs run together and
+    share its Q and dO tiles in L2."""
+    if causal:
+        return kv_heads * batch, n_kvtiles
+    return n_kvtiles, kv_heads * batch
+
+
+def kv_tile(gx, gy, n_kvtiles, kv_heads, causal):
+    """(K/V tile, KV head, batch) of the CTA at (blockIdx.x, blockIdx.y) of ``kv_grid``."""
+    tile, head_batch = (gy, gx) if causal else (gx, gy)
+    return tile, head_batch % kv_heads, head_batch // kv_heads
+
+
+def _gemm(a, b, c, **kw):
+    return T.gemm(a, b, c, policy=T.GemmWarpPolicy.FullRow, **kw)
 
 
 def _live(seq_len, causal):
@@ -339,7 +388,9 @@ def attention_bwd(q, k, v, out, dout, lse, causal=False, softmax_scale=None, *, 
         compiled(*problem, config, with_dq=False)(q, k, v, dout, lse, delta, dk, dv)
         compiled_dq(*problem, dq_config)(q, k, v, dout, lse, delta, dq)
         return dq, dk, dv
-    dq_accum = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    dq_accum = torch.empty(prepost.dq_accum_shape(dims.batch, dims.seq_len, dims.heads,
+                                                  dims.head_dim),
+                           dtype=torch.float32, device=q.device)
     prepost.compiled_preprocess(*rows)(out, dout, delta, dq_accum)
     compiled(*problem, config)(q, k, v, dout, lse, delta, dq_accum, dk, dv)
     prepost.compiled_postprocess(*rows)(dq_accum, dq)

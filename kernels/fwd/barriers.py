@@ -16,12 +16,16 @@ from enum import IntEnum
 
 
 class NamedBarrier(IntEnum):
-    """Hardware named barrier ids of the forward kernels (the backward's join this enum)."""
+    """Hardware named barrier ids of the lab's warp-specialized kernels, forward and backward."""
     WARP_SCHEDULER_WG1 = 1  # pingpong: WG1 may issue its QK GEMM (256 = 128 sync + 128 arrive)
     WARP_SCHEDULER_WG2 = 2
     EPILOGUE_WG1 = 3  # WG1's 128 threads have written their O tile to shared memory
     EPILOGUE_WG2 = 4
     ROW_SUM = 5  # largehdv: WG1's final row sums are in smem for WG2 (128 arrive + 128 sync)
+    # The backward's two consumer warpgroups (256 sync), twice a step: the last step's dQ
+    # reduce-add has read the staging tile; this step's dQ is in it (TileLang's own syncs in
+    # that automatically warp-specialized kernel take id 3)
+    BWD_DQ_STAGE = 6
 
 
 WARP_SCHEDULERS = (NamedBarrier.WARP_SCHEDULER_WG1, NamedBarrier.WARP_SCHEDULER_WG2)

@@ -1,6 +1,8 @@
 """The pipelined backward (kernels/bwd/pipelined.py) lowers for sm_90a and compiles on a CPU
 as its docstring says: all five GEMMs on wgmma (Sᵀ, dPᵀ, dK and dQᵀ from shared memory, dV
 with Pᵀ from registers), the producer / consumer register split, no spill."""
+import itertools
+import re
 import shutil
 
 import pytest
@@ -8,6 +10,7 @@ import torch
 
 from ws_lab import emit, shapes
 from ws_lab.kernels.bwd import pipelined
+from ws_lab.kernels.fwd.barriers import NamedBarrier
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 
@@ -60,9 +63,9 @@ def test_deterministic_mode_compiles_to_wgmma_without_spills(tmp_path, head_dim,
 @needs_nvcc
 def test_pre_and_postprocess_compile_and_bound_a_ragged_sequence(tmp_path):
     """Δ and the cleared accumulator, and dQ's cast, lower and compile without spills at a
-    ragged S (1000 = 15 tiles of 64 and 40 rows): each global access by threads is guarded by
-    the row bound (125 groups of 8 rows: O, dO, Δ and the cleared dQ; the accumulator's load),
-    and the cast leaves by TMA store (bounded by the tensor map)."""
+    ragged S (1000 = 15 tiles of 64 and 40 rows): each access of O, dO and Δ is guarded by
+    the row bound (125 groups of 8 rows), the accumulator (rows up to 1024, the next multiple
+    of 128) needs none, and the cast leaves by TMA store (bounded by the tensor map)."""
     from ws_lab.kernels.bwd import prepost
 
     shape = shapes.Shape("bwd-prepost", 2, 8, 2, 1000, 128, 128, False, "bfloat16")
@@ -72,7 +75,8 @@ def test_pre_and_postprocess_compile_and_bound_a_ragged_sequence(tmp_path):
         prepost.postprocess(2, 1000, 8, 128, "bfloat16")))
     assert "dQ" in pre.source and "dQ" not in pre_delta.source
     bounds = [e.source.count("< 125") for e in (pre, pre_delta, post)]
-    assert bounds == [4, 3, 1], bounds
+    assert bounds == [3, 3, 0], bounds
+    assert prepost.dq_accum_shape(2, 1000, 8, 128) == (2, 8, 1024, 128 + prepost.DQ_PAD)
     for name, emitted in (("pre", pre), ("post", post)):
         summary = emit.inspect(emitted, tmp_path / name)
         assert summary.spill_bytes == 0 and summary.stack_frame == 0, summary.format()
@@ -140,18 +144,36 @@ def test_every_backward_kernel_has_a_buffer_per_parameter():
 
 
 @needs_nvcc
-def test_async_gemms_wait_only_where_a_result_is_read(tmp_path):
-    """Config(async_gemms=True), not yet the default (not yet run over the GPU grid): the
-    same five GEMMs with no spill, and per step two waits that leave one GEMM running (dPᵀ
-    under P's exp2, dV under dSᵀ's math) where the default waits for every GEMM to finish."""
-    shape = shapes.Shape("bwd-async", 2, 8, 2, 1024, 128, 128, False, "bfloat16")
-    cfg = pipelined.Config(**{**pipelined.DEFAULT.__dict__, "async_gemms": True})
-    waits = {}
-    for name, config in (("default", pipelined.DEFAULT), ("async", cfg)):
-        func = pipelined.flash_bwd(2, 1024, 8, 2, 128, False, "bfloat16", 128 ** -0.5, config)
-        summary = emit.inspect(emit.lower_variant("bwd-pipelined", shape, func, None),
-                               tmp_path / name)
-        assert sum(summary.hgmma.values()) == 28 and summary.spill_bytes == 0, summary.format()
-        waits[name] = [w for w in summary.warpgroup_sync if w.startswith("DEPBAR")]
-    assert not any(w.endswith("1") for w in waits["default"]), waits
-    assert sum(w.endswith("1") for w in waits["async"]) == 2, waits
+def test_dq_leaves_by_one_bulk_reduce_add_a_step(tmp_path):
+    """dQ goes out of a step as one bulk reduce-add (UBLKRED) of the staged tile from one
+    thread, not as atomics: no REDG/ATOMG in the kernel, and the staging tile's wait
+    (``cp.async.bulk.wait_group.read``) comes a step later, before the tile is rewritten, and
+    once after the loop."""
+    shape = shapes.Shape("bwd-dq", 2, 8, 2, 1000, 128, 128, True, "bfloat16")
+    func = pipelined.flash_bwd(2, 1000, 8, 2, 128, True, "bfloat16", 128 ** -0.5)
+    emitted = emit.lower_variant("bwd-pipelined", shape, func, None)
+    summary = emit.inspect(emitted, tmp_path)
+    assert summary.spill_bytes == 0, summary.format()
+    sass_text = next(tmp_path.glob("*.sass")).read_text()
+    assert re.findall(r"\b(UBLKRED\S*)", sass_text) == ["UBLKRED.G.S.ADD.F32.RN"]
+    assert not re.search(r"\b(REDG|ATOMG|RED)\.", sass_text)
+    source = emitted.source
+    reduce_at = source.index("tl::tma_store_add(")
+    waits = [m.start() for m in re.finditer(r"tma_store_wait<0, true>", source)]
+    assert len([w for w in waits if w < reduce_at]) >= 1  # the step's wait, before staging
+    assert f"__sync_thread_partial({int(NamedBarrier.BWD_DQ_STAGE)}, 256)" in source
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_every_kv_tile_runs_once_and_causal_launches_the_longest_first(causal):
+    """The main kernel's grid covers each (K/V tile, KV head, batch) once; under the causal
+    mask, blocks launching x-fastest put every head's K/V tile 0 (the longest walk) ahead of
+    any tile 1."""
+    n_kvtiles, kv_heads, batch = 5, 3, 2
+    gx_n, gy_n = pipelined.kv_grid(n_kvtiles, kv_heads, batch, causal)
+    launched = [pipelined.kv_tile(gx, gy, n_kvtiles, kv_heads, causal)
+                for gy in range(gy_n) for gx in range(gx_n)]
+    assert sorted(launched) == sorted(itertools.product(range(n_kvtiles), range(kv_heads),
+                                                        range(batch)))
+    tiles = [tile for tile, _, _ in launched]
+    assert (tiles == sorted(tiles)) == causal
