@@ -3,7 +3,8 @@ TileLang kernel (``kernels/fwd/pipelined.py``) with its lse output; the backward
 ``pipelined.attention_bwd`` (this folder), as the opaque op ``ws_lab::attention_bwd`` so
 ``torch.compile`` traces both through their fakes. lse is returned for inspection and is not
 differentiable. ``deterministic=True`` makes the backward bitwise repeatable
-(``pipelined.attention_bwd``'s dQ kernel in place of its atomics)."""
+(``pipelined.attention_bwd``'s dQ kernel in place of its reduce-adds, which land in no
+fixed order)."""
 from typing import Optional
 
 import torch

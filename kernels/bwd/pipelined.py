@@ -356,8 +356,8 @@ def attention_bwd(q, k, v, out, dout, lse, causal=False, softmax_scale=None, *, 
     Δ = rowsum(dout ∘ out) and the cleared fp32 dQ accumulator come from ``prepost.preprocess``,
     dQ's cast from ``prepost.postprocess`` (FA3's two small kernels). ``dq`` / ``dk`` / ``dv``:
     output buffers shaped as q / k / v (every element is written). ``deterministic``: dQ from
-    ``flash_bwd_dq`` (a fixed order, no atomics; bitwise repeatable) instead of the main
-    kernel's atomics, at two recomputed GEMMs a step."""
+    ``flash_bwd_dq`` (a fixed order; bitwise repeatable) instead of the main kernel's
+    reduce-adds, which land in no fixed order, at two recomputed GEMMs a step."""
     dims = validate_attention_inputs(q, k, v, supported_head_dims=HEAD_DIMS,
                                      softmax_scale=softmax_scale, causal=causal, devices="any")
     q_like = f"{q.dtype} tensor of q's shape {tuple(q.shape)}"
