@@ -39,6 +39,10 @@ def _parser():
                          "floor")
     ap.add_argument("--steps", type=int, default=5,
                     help="warm Dr. GRPO steps after the cold one (default 5; with --grpo)")
+    ap.add_argument("--grpo-attention", choices=("sdpa", "lab"), default="sdpa",
+                    help="the scoring forward and backward's attention (with --grpo): HF's "
+                         "SDPA, or the lab's op (TileLang forward + backward, "
+                         "ws_lab/rollout/hf_attention.py); default sdpa")
     return ap
 
 

@@ -196,11 +196,14 @@ def grpo_step(hf, args, group=GRPO_GROUP):
 
     import torch
 
-    from ws_lab.rollout import grpo
+    from ws_lab.rollout import grpo, hf_attention
     from ws_lab.rollout.task import ArithmeticTask
 
     task = ArithmeticTask(hf.config.vocab_size, prompt_len=args.prompt)
     policy, reference = hf, copy.deepcopy(hf).eval()
+    if args.grpo_attention == "lab":  # the decode loop keeps its own attention
+        for model in (policy, reference):
+            model.set_attn_implementation(hf_attention.register())
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-6)
     seconds = {name: [] for name in GRPO_PHASES}
     peaks = {name: [] for name in GRPO_PHASES}
@@ -239,7 +242,8 @@ def grpo_step(hf, args, group=GRPO_GROUP):
     floor = floor_ms(hf, args.batch, args.prompt, args.new, floors.read_bandwidth_gbps())[0]
     floors_s = grpo_floors_s(hf, args.batch, args.prompt, args.new, floor)
     print(f"\nDr. GRPO steps ({args.batch} sequences = {args.batch // group} prompts × {group}, "
-          f"{args.prompt} + {args.new} tokens; 1 cold step, then {args.steps} warm):")
+          f"{args.prompt} + {args.new} tokens, scoring attention {args.grpo_attention}; 1 cold "
+          f"step, then {args.steps} warm):")
     print("| phase | cold s | warm s (median) | warm range | peak GiB | floor s | × floor |")
     print("|---|---|---|---|---|---|---|")
     for name in GRPO_PHASES:

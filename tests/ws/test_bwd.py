@@ -134,7 +134,7 @@ def test_a_llama_block_trains_as_one_graph():
     tests/llama_block.py) under torch.compile(fullgraph=True): forward and backward as one
     graph with no recompile over two batches of one shape, and the input's and every
     parameter's gradient equal to eager's up to bf16 rounding (Inductor fuses the norms and
-    the MLP's elementwise ops; dQ's atomics add in no fixed order)."""
+    the MLP's elementwise ops; dQ's reduce-adds land in no fixed order)."""
     import torch
     import torch._dynamo
     from torch._dynamo.utils import counters
@@ -160,6 +160,35 @@ def test_a_llama_block_trains_as_one_graph():
             assert torch.isfinite(traced).all()
             assert oracle.rel_l2(traced, eager) < 1e-2
     assert counters["stats"]["unique_graphs"] == 1
+
+
+def test_a_qwen2_model_trains_on_the_lab_attention():
+    """A small Qwen2 (D 64, GQA 4 / 2, bf16) with ``attn_implementation="ws_lab"``
+    (ws_lab/rollout/hf_attention.py): its logits and every parameter's gradient equal SDPA's
+    up to bf16 rounding (tests/cpu/test_hf_attention.py checks the adapter in fp32 against
+    the oracle)."""
+    import copy
+
+    import torch
+
+    pytest.importorskip("transformers")
+    from ws_lab.rollout import config, hf_attention
+
+    shape = dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2)
+    sdpa = config.random_model(config.qwen2_config(config.TINY, **shape), torch.bfloat16,
+                               "cuda")
+    lab = copy.deepcopy(sdpa)
+    lab.set_attn_implementation(hf_attention.register())
+    ids = torch.randint(0, sdpa.config.vocab_size, (4, 456), device="cuda")
+    results = []
+    for model in (sdpa, lab):
+        model.train()
+        logits = model(ids).logits
+        logits.float().square().mean().backward()
+        results.append((logits.detach(), [p.grad for p in model.parameters()]))
+    (want, want_grads), (got, got_grads) = results
+    assert oracle.rel_l2(got, want) < 1e-2
+    assert all(oracle.rel_l2(g, w) < 2e-2 for g, w in zip(got_grads, want_grads))
 
 
 SANITIZED = """

@@ -1,0 +1,61 @@
+"""Hugging Face attention on the lab's op: after ``register()``, a model built or switched to
+``attn_implementation="ws_lab"`` runs its attention layers on ``torch.ops.ws_lab.attention``
+(``kernels/bwd/attention_op.py``: the TileLang forward with lse, the TileLang backward). It
+is for the Dr. GRPO update's scoring forward and backward (issue #47: D 64, Hq 14 / Hkv 2,
+causal, the row where the lab's backward leads every peer: notes/bwd.md, "Session 36").
+
+Only what the op computes is taken: self-attention over the whole sequence with no mask (no
+padding; HF passes none for an unpadded causal batch once ``register`` has given the
+implementation SDPA's mask function), no dropout, no softcap, no sliding window. Anything
+else is refused with a ValueError naming it, before a launch.
+"""
+from __future__ import annotations
+
+import torch
+
+NAME = "ws_lab"
+
+
+def lab_attention(q, k, v, causal: bool, softmax_scale):
+    """BSHD attention out of the lab's autograd op (q (B, S, Hq, D), k / v (B, S, Hkv, D))."""
+    from ws_lab.kernels.bwd import attention_op  # noqa: F401  (defines torch.ops.ws_lab.attention)
+
+    return torch.ops.ws_lab.attention(q, k, v, causal, softmax_scale)[0]
+
+
+def attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
+                      scaling: float | None = None, is_causal: bool | None = None, **kwargs):
+    """HF's attention-function interface: query (B, Hq, S, D), key / value (B, Hkv, S, D) ->
+    ((B, S, Hq, D), no weights)."""
+    _refuse_what_the_op_cannot_do(module, query, key, attention_mask, dropout, kwargs)
+    causal = getattr(module, "is_causal", True) if is_causal is None else bool(is_causal)
+    q, k, v = (t.transpose(1, 2).contiguous() for t in (query, key, value))
+    return lab_attention(q, k, v, causal, scaling), None
+
+
+def _refuse_what_the_op_cannot_do(module, query, key, attention_mask, dropout, kwargs):
+    name = type(module).__name__
+    if attention_mask is not None:
+        raise ValueError(f"{NAME} attention ({name}) takes no attention mask: the batch must be "
+                         "unpadded (give every sequence the same length) or use sdpa")
+    if dropout and module.training:
+        raise ValueError(f"{NAME} attention ({name}) has no dropout; got dropout={dropout}")
+    for option in ("softcap", "sliding_window"):
+        if kwargs.get(option) is not None:
+            raise ValueError(f"{NAME} attention ({name}) has no {option}; got "
+                             f"{option}={kwargs[option]}")
+    if query.shape[2] != key.shape[2]:
+        raise ValueError(f"{NAME} attention ({name}) is self-attention over the whole sequence: "
+                         f"{query.shape[2]} queries against {key.shape[2]} keys (a KV cache) "
+                         "is not supported")
+
+
+def register() -> str:
+    """Registers ``NAME`` with HF's attention and mask interfaces (SDPA's mask function, which
+    gives no mask to an unpadded causal batch); returns the name for ``attn_implementation``."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(NAME, attention_forward)
+    AttentionMaskInterface.register(NAME, sdpa_mask)
+    return NAME
