@@ -148,7 +148,7 @@ def test_dq_leaves_by_one_bulk_reduce_add_a_step(tmp_path):
     """dQ goes out of a step as one bulk reduce-add (UBLKRED) of the staged tile from one
     thread, not as atomics: no REDG/ATOMG in the kernel, and the staging tile's wait
     (``cp.async.bulk.wait_group.read``) comes a step later, before the tile is rewritten, and
-    once after the loop."""
+    once after the loop. The kernel's named barriers are the ones its docstring lists."""
     shape = shapes.Shape("bwd-dq", 2, 8, 2, 1000, 128, 128, True, "bfloat16")
     func = pipelined.flash_bwd(2, 1000, 8, 2, 128, True, "bfloat16", 128 ** -0.5)
     emitted = emit.lower_variant("bwd-pipelined", shape, func, None)
@@ -161,7 +161,13 @@ def test_dq_leaves_by_one_bulk_reduce_add_a_step(tmp_path):
     reduce_at = source.index("tl::tma_store_add(")
     waits = [m.start() for m in re.finditer(r"tma_store_wait<0, true>", source)]
     assert len([w for w in waits if w < reduce_at]) >= 1  # the step's wait, before staging
-    assert f"__sync_thread_partial({int(NamedBarrier.BWD_DQ_STAGE)}, 256)" in source
+    # the named barriers: TileLang's consumer syncs (id 3) and BWD_DQ_STAGE, each over the
+    # 256 consumer threads; the dQ stage's twice in the step and once after the loop
+    named = re.findall(r"BAR\.SYNC\.DEFER_BLOCKING (0x[0-9a-f]+), (0x[0-9a-f]+)", sass_text)
+    ids = {int(i, 16): int(n, 16) for i, n in named}
+    assert ids == {3: 256, int(NamedBarrier.BWD_DQ_STAGE): 256}, named
+    stage_syncs = [i for i, _ in named if int(i, 16) == NamedBarrier.BWD_DQ_STAGE]
+    assert len(stage_syncs) == 3, named
 
 
 @pytest.mark.parametrize("causal", [True, False])
