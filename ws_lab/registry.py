@@ -1,7 +1,8 @@
 """Every attention kernel of the lab, by name, with ``supports(shape)``: a forward
 (``attention(q, k, v, causal=False, softmax_scale=None, out=None) -> out``, BSHD, fp16/bf16 on
-CUDA) or a backward (``backward(q, k, v, out, dout, lse, causal, softmax_scale) -> (dq, dk,
-dv)``).
+CUDA), a backward (``backward(q, k, v, out, dout, lse, causal, softmax_scale) -> (dq, dk,
+dv)``) or an FP8 forward (kind "fp8": e4m3 inputs with descales, its module's
+``attention_fp8``).
 
 A TileLang kernel also gives ``prim_func(shape)`` so that ``ws_lab.emit`` can lower it
 without a GPU. A new kernel adds one ``_register`` line here.
@@ -21,7 +22,7 @@ class Kernel:
     name: str
     module: str  # import path of the kernel family's file, loaded on first use
     options: tuple = ()  # (keyword, value) pairs selecting a variant of the family
-    kind: str = "fwd"  # "fwd" (``attention``) or "bwd" (``backward``)
+    kind: str = "fwd"  # "fwd" (``attention``), "bwd" (``backward``) or "fp8"
 
     def _mod(self):
         return importlib.import_module(self.module)
@@ -84,6 +85,7 @@ _register("coop-overlap-persistent", "ws_lab.kernels.fwd.coop_overlap", pingpong
 _register("largehdv", "ws_lab.kernels.fwd.largehdv")
 _register("triton-mha", "ws_lab.kernels.fwd.triton_mha")
 _register("bwd-pipelined", "ws_lab.kernels.bwd.pipelined", kind="bwd")
+_register("fp8", "ws_lab.kernels.fwd.fp8", kind="fp8")
 
 
 def get(name: str) -> Kernel:

@@ -30,7 +30,8 @@ COUNTED = ("BAR", "SYNCS", "UTMALDG", "UTMASTG", "FCHK", "LDGSTS", "STL", "UBLKP
 
 @dataclass
 class SassSummary:
-    hgmma: Counter = field(default_factory=Counter)  # shape (e.g. 64x128x16.F32[.RS]) -> count
+    # shape (e.g. 64x128x16.F32.BF16[.RS]; FP8's QGMMA: 64x128x32.F32.E4M3.E4M3) -> count
+    hgmma: Counter = field(default_factory=Counter)
     warpgroup_sync: list = field(default_factory=list)  # ARRIVE / DEPBAR.LE gsb0 0xN, program order
     setmaxnreg: list = field(default_factory=list)  # e.g. ['TRY_ALLOC 240', 'DEALLOC 24']
     # BAR, SYNCS, UTMALDG, UTMASTG, and FCHK (the range check of an IEEE fp32 division, whose
@@ -96,7 +97,7 @@ def _run_length(seq):
     return out
 
 
-_HGMMA = re.compile(r"\bHGMMA\.(\S+?)\s+(R\d+|RZ),\s*(\S+?),")
+_HGMMA = re.compile(r"\b[HQ]GMMA\.(\S+?)\s+(R\d+|RZ),\s*(\S+?),")  # QGMMA: the FP8 form
 _WG = re.compile(r"\bWARPGROUP\.(ARRIVE|DEPBAR\.LE\s+gsb0,\s*0x[0-9a-f]+)")
 _MAXREG = re.compile(r"\bUSETMAXREG\.(TRY_ALLOC|DEALLOC)\S*\s+(?:UP\d+,\s*)?(0x[0-9a-f]+|\d+)")
 

@@ -1,0 +1,205 @@
+"""FP8 (e4m3) GQA forward, first version (issue #48): e4m3 Q, K, V with FA3's descales, bf16 O
+and fp32 LSE. Lowered and compiled on the CPU; **not yet run on a GPU**.
+
+FA3 counterpart: ``hopper/mainloop_fwd_sm90_tma_gmma_ws.hpp``'s FP8 path in what it computes
+(S = Q Kᵀ and O = P V on e4m3 wgmma, fp32 accumulators, the descales folded into the softmax
+scale and O's epilogue), not yet in how it feeds the PV GEMM. FP8 wgmma takes both operands
+K-major from shared memory, and TileLang 0.1.15 neither transposes V in shared memory nor
+lays P's e4m3 registers out as an RS operand (notes/upstream.md, "Session 35, later"), so here:
+  - V is transposed once in global memory by the wrapper: ``vt`` (B, Hkv, Dv, S rounded up to
+    ``block_n``, zero-filled), read K-major by TMA (FA3: LDSM.T / STSM in the producer);
+  - P goes to the PV GEMM through shared memory (SS; FA3: RS from registers with V's columns
+    permuted).
+Both are to be measured against FA3's way (the issue's acceptance).
+
+Roles: TileLang's automatic warp specialization of the ``T.Pipelined`` loop, as
+``kernels/fwd/pipelined.py``: 2 consumer warpgroups (setmaxnreg 240; S = Q Kᵀ SS, online
+softmax with exp2 of the descaled scale·log2 e, P to shared memory, O += P Vᵀᵀ SS) and a
+producer warpgroup (setmaxnreg 24; TMA of K and Vᵀ into the ring). Barriers: the pipeline's
+mbarriers and TileLang's consumer syncs (P's shared tile).
+Shared memory at D 128 (bm 128, bn 128, 2 stages, 1-byte elements): Q 16 KB, K and Vᵀ rings
+64 KB, P 16 KB, O (bf16) 32 KB.
+"""
+import functools
+import math
+from dataclasses import dataclass
+
+import tilelang.language as T
+import torch
+
+from ws_lab.check import Support, head_dims_supported, require_device, validate_attention_inputs
+from ws_lab.kernels import LOG2E
+from ws_lab.kernels.fwd.softmax import alloc_softmax_state, normalize_o, online_softmax, score_mask
+from ws_lab.kernels.fwd.tile_scheduler import qtile_grid
+from ws_lab.target import compile_sm90a
+
+FP8 = torch.float8_e4m3fn
+TL_FP8 = "float8_e4m3fn"
+OUT_DTYPE = torch.bfloat16
+HEAD_DIMS = ((64, 64), (128, 128))
+
+
+@dataclass(frozen=True)
+class Config:
+    block_m: int
+    block_n: int
+    threads: int
+    num_stages: int
+    heavy_first: bool = False  # causal: the longest Q tiles launch first (tile_scheduler)
+
+
+def config_for(causal: bool) -> Config:
+    """Unmeasured: the bf16 pipelined kernel's tiles with a second stage (the e4m3 tiles are
+    half the bytes)."""
+    return Config(128, 128, 256, 2, heavy_first=causal)
+
+
+def padded_len(seq_len: int, block_n: int) -> int:
+    """Vᵀ's key columns: S rounded up to a whole K/V block (TMA also needs 16-byte rows)."""
+    return -(-seq_len // block_n) * block_n
+
+
+def flash_fwd_fp8(batch, seq_len, heads, kv_heads, head_dim, causal, softmax_scale,
+                  cfg: Config, with_lse: bool = False):
+    """Q (B, S, Hq, D), K (B, S, Hkv, D) e4m3, Vt (B, Hkv, D, S_pad) e4m3, descales (B, Hkv)
+    fp32 -> O (B, S, Hq, D) bf16 (and LSE (B, Hq, S) fp32, natural log of the descaled scaled
+    scores)."""
+    bm, bn = cfg.block_m, cfg.block_n
+    group = heads // kv_heads
+    accum = "float"
+    seq_pad = padded_len(seq_len, bn)
+    mask = score_mask(causal, seq_len, bm, bn, accum)
+
+    @T.macro
+    def body(Q, K, Vt, QDescale, KDescale, VDescale, Out, LSE):
+        grid, tile_of = qtile_grid(T.ceildiv(seq_len, bm), heads, batch, cfg.heavy_first)
+        with T.Kernel(*grid, threads=cfg.threads) as (gx, gy, bz):
+            bx, by = tile_of(gx, gy)  # Q tile, query head
+            kvh = by // group
+            q_s = T.alloc_shared([bm, head_dim], TL_FP8)
+            k_s = T.alloc_shared([bn, head_dim], TL_FP8)
+            vt_s = T.alloc_shared([head_dim, bn], TL_FP8)
+            p_s = T.alloc_shared([bm, bn], TL_FP8)
+            o_s = T.alloc_shared([bm, head_dim], "bfloat16")
+            acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum = \
+                alloc_softmax_state(bm, bn, head_dim, TL_FP8).registers()
+            # the scores' scale·log2 e, with Q's and K's descales folded in (FA3's way)
+            scale_log2 = T.alloc_local([1], accum)
+            scale_log2[0] = softmax_scale * LOG2E * QDescale[bz, kvh] * KDescale[bz, kvh]
+
+            T.copy(Q[bz, bx * bm:(bx + 1) * bm, by, :], q_s)
+            T.fill(acc_o, 0)
+            T.fill(row_sum, 0)
+            T.fill(row_max, -T.infinity(accum))
+            n_blocks = T.ceildiv(seq_len, bn)
+            loop_range = T.min(n_blocks, T.ceildiv((bx + 1) * bm, bn)) if causal else n_blocks
+            for kb in T.Pipelined(loop_range, num_stages=cfg.num_stages):
+                T.copy(K[bz, kb * bn:(kb + 1) * bn, kvh, :], k_s)
+                T.clear(acc_s)
+                T.gemm(q_s, k_s, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+                mask(acc_s, kb, bx * bm)
+                online_softmax(acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum,
+                               row_sum, bm, bn, head_dim, scale_log2[0])
+                # P through shared memory: TileLang lays e4m3 P out as no RS operand (module
+                # docstring); Vᵀ is K-major, as FP8 wgmma needs
+                T.copy(p, p_s)
+                T.copy(Vt[bz, kvh, :, kb * bn:(kb + 1) * bn], vt_s)
+                T.gemm(p_s, vt_s, acc_o, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+
+            normalize_o(acc_o, row_sum, row_rescale, bm, head_dim)
+            for i, j in T.Parallel(bm, head_dim):
+                acc_o[i, j] *= VDescale[bz, kvh]
+            T.copy(acc_o, o_s)
+            T.copy(o_s, Out[bz, bx * bm:(bx + 1) * bm, by, :])
+            if with_lse:  # ln Σ exp(s·scale) = (max·scale·log2 e + log2 Σ) / log2 e
+                for i in T.Parallel(bm):
+                    block_sum[i] = (row_max[i] * scale_log2[0] + T.log2(row_sum[i])) / LOG2E
+                T.copy(block_sum, LSE[bz, by, bx * bm:(bx + 1) * bm])
+
+    # a fresh annotation per parameter: parameters sharing one T.Tensor object become one
+    # buffer (tests/upstream/test_shared_annotation.py)
+    def qo_t(dtype):
+        return T.Tensor([batch, seq_len, heads, head_dim], dtype)
+
+    def descale_t():
+        return T.Tensor([batch, kv_heads], accum)
+
+    k_t = T.Tensor([batch, seq_len, kv_heads, head_dim], TL_FP8)
+    vt_t = T.Tensor([batch, kv_heads, head_dim, seq_pad], TL_FP8)
+    if with_lse:
+        @T.prim_func
+        def main_lse(Q: qo_t(TL_FP8), K: k_t, Vt: vt_t, QDescale: descale_t(),
+                     KDescale: descale_t(), VDescale: descale_t(), Out: qo_t("bfloat16"),
+                     LSE: T.Tensor([batch, heads, seq_len], accum)):
+            body(Q, K, Vt, QDescale, KDescale, VDescale, Out, LSE)
+
+        return main_lse
+
+    @T.prim_func
+    def main(Q: qo_t(TL_FP8), K: k_t, Vt: vt_t, QDescale: descale_t(), KDescale: descale_t(),
+             VDescale: descale_t(), Out: qo_t("bfloat16")):
+        body(Q, K, Vt, QDescale, KDescale, VDescale, Out, None)
+
+    return main
+
+
+@functools.lru_cache(maxsize=None)
+def compiled(*args):
+    return compile_sm90a(flash_fwd_fp8(*args))
+
+
+def transpose_v(v: torch.Tensor, block_n: int) -> torch.Tensor:
+    """v (B, S, Hkv, Dv) -> Vᵀ (B, Hkv, Dv, S_pad), the key columns past S zero."""
+    batch, seq_len, kv_heads, head_dim_v = v.shape
+    vt = torch.zeros(batch, kv_heads, head_dim_v, padded_len(seq_len, block_n), dtype=v.dtype,
+                     device=v.device)
+    vt[..., :seq_len] = v.permute(0, 2, 3, 1)
+    return vt
+
+
+def attention_fp8(q, k, v, causal=False, softmax_scale=None, *, q_descale=None, k_descale=None,
+                  v_descale=None, out=None, return_lse=False):
+    """BSHD GQA forward on e4m3 inputs: q (B, S, Hq, D), k / v (B, S, Hkv, D) float8_e4m3fn,
+    descales (B, Hkv) fp32 as FA3's interface takes them (None: 1), the true q is q · q_descale
+    of its KV head's group. Returns bf16 out (B, S, Hq, D) (``out``: written in place), and with
+    ``return_lse`` the fp32 lse (B, Hq, S) of the descaled, scaled scores."""
+    dims = validate_attention_inputs(q, k, v, supported_head_dims=HEAD_DIMS, causal=causal,
+                                     softmax_scale=softmax_scale, dtypes=(FP8,), devices="any")
+    want = (dims.batch, dims.kv_heads)
+    descales = []
+    for name, d in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
+        if d is None:
+            d = torch.ones(want, dtype=torch.float32, device=q.device)
+        if (not isinstance(d, torch.Tensor) or tuple(d.shape) != want
+                or d.dtype != torch.float32 or d.device != q.device):
+            raise ValueError(f"{name} must be a float32 tensor of shape (B, Hkv) = {want} on "
+                             f"{q.device}")
+        descales.append(d.contiguous())
+    if out is not None and (not isinstance(out, torch.Tensor) or out.shape != q.shape
+                            or out.dtype != OUT_DTYPE or not out.is_contiguous()
+                            or out.device != q.device):
+        raise ValueError(f"out must be a contiguous {OUT_DTYPE} tensor of q's shape "
+                         f"{tuple(q.shape)} on {q.device}")
+    require_device(q.device, "cuda")
+    cfg = config_for(bool(causal))
+    kernel = compiled(dims.batch, dims.seq_len, dims.heads, dims.kv_heads, dims.head_dim,
+                      bool(causal), dims.softmax_scale, cfg, *((True,) if return_lse else ()))
+    out = torch.empty(q.shape, dtype=OUT_DTYPE, device=q.device) if out is None else out
+    args = [q, k, transpose_v(v, cfg.block_n), *descales, out]
+    if not return_lse:
+        kernel(*args)
+        return out
+    lse = torch.empty(dims.batch, dims.heads, dims.seq_len, dtype=torch.float32, device=q.device)
+    kernel(*args, lse)
+    return out, lse
+
+
+def supports(shape) -> Support:
+    return head_dims_supported(shape.head_dim, shape.head_dim_v, HEAD_DIMS)
+
+
+def prim_func_for(shape, config: Config | None = None):
+    """The prim_func for a named shape (``python -m ws_lab.emit`` and the CPU codegen checks)."""
+    return flash_fwd_fp8(shape.batch, shape.seq_len, shape.heads, shape.kv_heads,
+                         shape.head_dim, shape.causal, 1.0 / math.sqrt(shape.head_dim),
+                         config or config_for(shape.causal))
