@@ -19,6 +19,10 @@ producer warpgroup (setmaxnreg 24; TMA of K and Vᵀ into the ring). Barriers: t
 mbarriers and TileLang's consumer syncs (P's shared tile).
 Shared memory at D 128 (bm 128, bn 128, 2 stages, 1-byte elements): Q 16 KB, K and Vᵀ rings
 64 KB, P 16 KB, O (bf16) 32 KB.
+
+``quantize(q, k, v, hadamard=)`` makes the inputs from bf16 / fp16 ones: per-(batch, KV head)
+descales, and optionally FA3's incoherent processing (q and k rotated by one random-sign
+Hadamard matrix; notes/fp8.md has its measured effect on the quantisation error).
 """
 import functools
 import math
@@ -192,6 +196,61 @@ def attention_fp8(q, k, v, causal=False, softmax_scale=None, *, q_descale=None, 
     lse = torch.empty(dims.batch, dims.heads, dims.seq_len, dtype=torch.float32, device=q.device)
     kernel(*args, lse)
     return out, lse
+
+
+E4M3_MAX = 448.0  # the largest finite float8_e4m3fn
+
+
+@dataclass(frozen=True)
+class Quantized:
+    """e4m3 q, k, v and their (B, Hkv) fp32 descales: the true x is x.float() · descale."""
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    q_descale: torch.Tensor
+    k_descale: torch.Tensor
+    v_descale: torch.Tensor
+
+    def descales(self) -> dict:
+        return dict(q_descale=self.q_descale, k_descale=self.k_descale, v_descale=self.v_descale)
+
+
+def hadamard_rotation(head_dim: int, seed: int, device=None) -> torch.Tensor:
+    """diag(random signs) · H / sqrt(D), H the Sylvester Hadamard matrix: orthogonal, so
+    (q R)(k R)ᵀ = q kᵀ while an outlier channel's mass spreads over all D (FA3's incoherent
+    processing)."""
+    if head_dim & (head_dim - 1):
+        raise ValueError(f"the Hadamard rotation needs a power-of-two head dim, got {head_dim}")
+    hadamard = torch.ones(1, 1, dtype=torch.float64)
+    while hadamard.shape[0] < head_dim:
+        hadamard = torch.cat([torch.cat([hadamard, hadamard], 1),
+                              torch.cat([hadamard, -hadamard], 1)], 0)
+    generator = torch.Generator().manual_seed(seed)
+    signs = torch.randint(0, 2, (head_dim,), generator=generator).double() * 2 - 1
+    return (signs[:, None] * hadamard / head_dim ** 0.5).to(device=device)
+
+
+def _quantize(x: torch.Tensor, kv_heads: int):
+    """x (B, S, H, D) -> (e4m3 x / descale, descale (B, Hkv)): one scale a KV head's group, its
+    largest |x| mapped to E4M3_MAX."""
+    batch, seq_len, heads, head_dim = x.shape
+    grouped = x.float().view(batch, seq_len, kv_heads, heads // kv_heads, head_dim)
+    descale = grouped.abs().amax(dim=(1, 3, 4)).clamp_min(1e-12) / E4M3_MAX
+    scaled = grouped / descale[:, None, :, None, None]
+    return scaled.view(x.shape).to(FP8), descale.contiguous()
+
+
+def quantize(q, k, v, *, hadamard: bool = False, seed: int = 0) -> Quantized:
+    """bf16 / fp16 BSHD q, k, v -> e4m3 with per-(batch, KV head) descales, as
+    ``attention_fp8`` takes them. ``hadamard``: q and k rotated first by the same random-sign
+    Hadamard matrix (``hadamard_rotation``), which leaves every score as it was and cuts the
+    quantisation error where a few channels carry outliers (notes/fp8.md)."""
+    if hadamard:
+        rotation = hadamard_rotation(q.shape[-1], seed, q.device).to(torch.float32)
+        q, k = (x.float() @ rotation for x in (q, k))
+    kv_heads = k.shape[2]
+    (q8, qd), (k8, kd), (v8, vd) = (_quantize(x, kv_heads) for x in (q, k, v))
+    return Quantized(q8, k8, v8, qd, kd, vd)
 
 
 def supports(shape) -> Support:
