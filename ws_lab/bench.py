@@ -30,7 +30,8 @@ from ws_lab.shapes import DTYPES
 PEERS = ["fa3", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "pipelined", "tileops", "fa-cute"]
 GAP_LABEL = {"fa3": "×FA3", "sdpa-cudnn": "×cuDNN", "sdpa-flash": "×flash",
              "sdpa-efficient": "×mem-eff", "pipelined": "×pipelined", "tileops": "×TileOPs",
-             "fa-cute": "×FA-CuTe"}
+             "fa-cute": "×FA-CuTe", "fa3-fp8": "×FA3-FP8", "tileops-fp8": "×TileOPs-FP8",
+             "coop-overlap-persistent": "×persistent"}
 
 
 @dataclass
@@ -314,7 +315,9 @@ def _positive_int(text: str) -> int:
 
 
 def parse_args(argv, default_shapes: list[str], extra: Callable | None = None,
-               peers: list[str] = PEERS):
+               peers: list[str] = PEERS, suite_dtypes: dict | None = None):
+    """``suite_dtypes``: extra ``--dtype`` names a script measures with a suite of their own
+    (``main``'s ``by_dtype``), each mapped to the dtype of the shapes' input sets."""
     from ws_lab import cli
 
     ap = cli.ArgumentParser(description=(sys.modules["__main__"].__doc__ or "").split("\n\n")[0]
@@ -323,8 +326,11 @@ def parse_args(argv, default_shapes: list[str], extra: Callable | None = None,
                     help=f"a registered shape, repeatable; default {', '.join(default_shapes)}")
     ap.add_argument("--causal", choices=["0", "1", "both"], default=None,
                     help="override each shape's default mask (both: one row per mask)")
-    ap.add_argument("--dtype", choices=sorted(DTYPES), default="float16",
-                    help="element type of q, k, v (fp16 = float16, bf16 = bfloat16)")
+    suite_dtypes = suite_dtypes or {}
+    ap.add_argument("--dtype", choices=sorted(DTYPES) + sorted(suite_dtypes), default="float16",
+                    help="element type of q, k, v (fp16 = float16, bf16 = bfloat16"
+                         + "".join(f"; {name}: its own suite" for name in sorted(suite_dtypes))
+                         + ")")
     ap.add_argument("--rounds", type=_positive_int, default=DEFAULT_ROUNDS,
                     help="interleaved timing rounds per shape, each in its own shuffled order "
                          f"(default {DEFAULT_ROUNDS}; a row is the median of its rounds. A round "
@@ -347,7 +353,7 @@ def parse_args(argv, default_shapes: list[str], extra: Callable | None = None,
     cli.out_file(args.json)
     cli.out_file(args.plot, "--plot")
     args.shape = args.shape or default_shapes
-    args.cases = [s.with_dtype(DTYPES[args.dtype])
+    args.cases = [s.with_dtype(DTYPES.get(args.dtype) or suite_dtypes[args.dtype])
                   for name in args.shape for s in shapes.masks(shapes.get(name), args.causal)]
     return args
 
@@ -365,13 +371,22 @@ FORWARD = Suite(PEERS, implementations, measure)
 
 
 def main(kernels: list[str], default_shapes: list[str], argv=None,
-         suite: Suite = FORWARD) -> list[Row]:
+         suite: Suite = FORWARD, by_dtype: dict | None = None) -> list[Row]:
     """Entry point of every ``bench/*.py``: the lab kernels to measure, the default shapes and
-    the suite (the forward's, or ``bench_bwd.BACKWARD``)."""
+    the suite (the forward's, or ``bench_bwd.BACKWARD``). ``by_dtype``: ``--dtype`` names that
+    switch to other kernels and suite, name -> (kernels, suite, the input sets' dtype); e.g.
+    ``fp8`` -> ``bench_fp8.FP8`` on bf16 sets."""
     from ws_lab import cli
 
-    return cli.main(lambda a: run(kernels, parse_args(a, default_shapes, peers=suite.peers),
-                                  suite), argv)
+    by_dtype = by_dtype or {}
+
+    def go(argv):
+        args = parse_args(argv, default_shapes, peers=suite.peers,
+                          suite_dtypes={name: spec[2] for name, spec in by_dtype.items()})
+        run_kernels, run_suite, _ = by_dtype.get(args.dtype, (kernels, suite, None))
+        return run(run_kernels, args, run_suite)
+
+    return cli.main(go, argv)
 
 
 def _refuse_unsupported(kernels: list[str], cases: list[shapes.Shape]) -> None:

@@ -128,8 +128,10 @@ def report(kernel_name: str, shape: shapes.Shape, out_dir: Path | None = None,
         emitted = lower(kernel_name, shape, run_postproc)
     with tempfile.TemporaryDirectory() as tmp, cli.status(f"compiling {kernel_name} with nvcc"):
         summary = inspect(emitted, Path(out_dir or tmp))
+    # a family with fixed input types (the FP8 forward) names them, not the shape's dtype
+    dtype = getattr(kernel.module_object(), "INPUT_DTYPE", shape.dtype)
     head = (f"{kernel_name} on {shape.name} ({'causal' if shape.causal else 'non-causal'}, "
-            f"{shape.dtype}): {emitted.threads} threads, {len(emitted.source.splitlines())} lines "
+            f"{dtype}): {emitted.threads} threads, {len(emitted.source.splitlines())} lines "
             f"of CUDA, {len(emitted.rewrites)} post-processor rewrites")
     rewrites = [f"  rewrite {r}" for r in emitted.rewrites]
     diff = "".join(difflib.unified_diff(emitted.source.splitlines(True),

@@ -39,6 +39,7 @@ from ws_lab.target import compile_sm90a
 
 FP8 = torch.float8_e4m3fn
 TL_FP8 = "float8_e4m3fn"
+INPUT_DTYPE = TL_FP8  # what ``python -m ws_lab.emit fp8`` reports (the shape's dtype is unused)
 OUT_DTYPE = torch.bfloat16
 HEAD_DIMS = ((64, 64), (128, 128))
 
@@ -213,6 +214,22 @@ class Quantized:
 
     def descales(self) -> dict:
         return dict(q_descale=self.q_descale, k_descale=self.k_descale, v_descale=self.v_descale)
+
+    def dequantised(self) -> tuple:
+        """The float64 (q, k, v) these stand for: each element times its KV head's descale
+        (what the float64 oracle compares an FP8 kernel's own error against)."""
+        return tuple(dequantise(x, d) for x, d in ((self.q, self.q_descale),
+                                                    (self.k, self.k_descale),
+                                                    (self.v, self.v_descale)))
+
+
+def dequantise(x: torch.Tensor, descale: torch.Tensor) -> torch.Tensor:
+    """e4m3 x (B, S, H, D) times its (B, Hkv) descale, each KV head's group of heads by its
+    own, as float64."""
+    batch, seq_len, heads, head_dim = x.shape
+    kv_heads = descale.shape[1]
+    grouped = x.to(torch.float64).view(batch, seq_len, kv_heads, heads // kv_heads, head_dim)
+    return (grouped * descale.double()[:, None, :, None, None]).view(x.shape)
 
 
 def hadamard_rotation(head_dim: int, seed: int, device=None) -> torch.Tensor:

@@ -152,3 +152,23 @@ def test_a_grpo_phase_row_reports_cold_apart_from_warm():
 
     row = bench_rollout.phase_row("update", [2.0, 0.5, 0.7, 0.6], [2**30, 3 * 2**30], 0.1)
     assert row == "| update | 2.000 | 0.600 | 0.500–0.700 | 3.0 | 0.100 | 6.0 |"
+
+
+def test_fp8_is_a_dtype_with_a_suite_of_its_own():
+    """``--dtype fp8`` exists only where a script gives it a suite (bench/coop.py: the FP8
+    forward's); its cases are the shapes on the bf16 input sets the e4m3 ones come from."""
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--dtype", "fp8"], ["llama8b-4k"])
+    args = bench.parse_args(["--dtype", "fp8"], ["llama8b-4k"],
+                            suite_dtypes={"fp8": "bfloat16"})
+    assert [c.dtype for c in args.cases] == ["bfloat16"]
+
+
+def test_the_fp8_table_has_the_fp8_peers_and_the_bf16_columns():
+    from ws_lab import bench_fp8
+
+    rows = [bench.Row(name, "llama8b-4k", 4096, "causal", "fp8", ms=ms)
+            for name, ms in (("fp8", 1.0), ("fa3-fp8", 0.8), ("fa3", 1.4))]
+    head, _, lab = bench.table(rows, bench_fp8.PEERS).splitlines()[:3]
+    assert "×FA3-FP8 | ×TileOPs-FP8 | ×FA3 | ×persistent" in head
+    assert "| 0.800 | n/a | 1.400 | n/a |" in lab

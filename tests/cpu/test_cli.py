@@ -208,6 +208,13 @@ def test_bwd_bench_without_a_gpu_writes_the_backwards_static_report(tmp_path):
     assert "64x128x16.F32.BF16.RS" in records[0]["report"]
 
 
+def test_coop_bench_in_fp8_writes_the_fp8_kernels_static_report(tmp_path):
+    records, _ = _static_json(tmp_path, "bench/coop.py", "--dtype", "fp8")
+    assert [r["kernel"] for r in records] == ["fp8"]
+    assert "(causal, float8_e4m3fn)" in records[0]["report"]
+    assert "HGMMA: 64x128x32.F32.E4M3.E4M3 x8" in records[0]["report"]
+
+
 def test_bench_scripts_import_the_checkout_they_run_from(tmp_path):
     """A decoy ``ws_lab`` first on PYTHONPATH (an installed copy from another checkout) must not
     be the one a bench script imports."""

@@ -64,19 +64,11 @@ def test_the_hadamard_rotation_is_orthogonal_and_keeps_every_score():
         fp8.hadamard_rotation(96, seed=0)
 
 
-def _dequantised(x, descale, kv_heads):
-    batch, seq_len, heads, head_dim = x.shape
-    grouped = x.double().view(batch, seq_len, kv_heads, heads // kv_heads, head_dim)
-    return (grouped * descale.double()[:, None, :, None, None]).view(x.shape)
-
-
 def quantisation_error(q, k, v, hadamard):
     """rel-L2 of attention on the dequantised e4m3 inputs against attention on q, k, v (both
     by the float64 oracle): the error FP8 inputs add before any kernel runs."""
     z = fp8.quantize(q, k, v, hadamard=hadamard)
-    kv_heads = k.shape[2]
-    got = oracle.attention_ref(*(_dequantised(x, d, kv_heads) for x, d in (
-        (z.q, z.q_descale), (z.k, z.k_descale), (z.v, z.v_descale))), causal=True)[0]
+    got = oracle.attention_ref(*z.dequantised(), causal=True)[0]
     return oracle.rel_l2(got, oracle.attention_ref(q, k, v, causal=True)[0])
 
 
@@ -86,7 +78,7 @@ def test_quantize_scales_each_kv_heads_group_to_the_e4m3_range():
     z = fp8.quantize(q, k, v)
     assert z.q.dtype == z.k.dtype == z.v.dtype == fp8.FP8 and z.q_descale.shape == (2, 2)
     assert z.q.float().abs().amax().item() == fp8.E4M3_MAX
-    assert oracle.rel_l2(_dequantised(z.q, z.q_descale, 2), q) < 0.05  # 3 mantissa bits
+    assert oracle.rel_l2(fp8.dequantise(z.q, z.q_descale), q) < 0.05  # 3 mantissa bits
 
 
 def test_hadamard_cuts_the_quantisation_error_of_outlier_channels():

@@ -1,0 +1,103 @@
+"""The FP8 forward's suite for the one runner (``ws_lab.bench``): ``python bench/coop.py --dtype
+fp8``. Each rotating bf16 input set (``bench.input_sets``) is quantised once
+(``fp8.quantize``: e4m3 with per-(B, Hkv) descales), and every FP8 implementation runs on those
+same bytes and descales: the lab's FP8 kernel, FA3's own FP8 forward (``fa3-fp8``) and TileOPs'
+FP8 op (``tileops-fp8``). Beside them the lab's persistent bf16 kernel and FA3's bf16 forward
+(``fa3``) run on the bf16 sets the FP8 ones came from: the ×FA3 column of an FP8 row is its
+FP8 ÷ bf16 speed-up. rel-err: an FP8 row's against the float64 oracle on its dequantised
+inputs (the kernel's own error), a bf16 row's against the oracle on the bf16 inputs. TFLOPS
+count the shape's FLOPs (the same work in either precision). Every row of a case is labelled
+dtype "fp8". The floor row assumes twice the bf16 tensor ceiling (FP8's rate on the H100's
+data sheet; not measured by the lab).
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Callable
+
+from ws_lab import bench, floors, registry, shapes
+
+PEERS = ["fa3-fp8", "tileops-fp8", "fa3", "coop-overlap-persistent"]
+FP8_IMPLS = ("fp8", "fa3-fp8", "tileops-fp8")
+SOURCE_DTYPE = "bfloat16"  # the input sets the e4m3 ones are quantised from
+
+
+def _lab_impl():
+    kernel = registry.get("fp8").module_object()
+
+    def make(z, causal):
+        import torch
+
+        out = torch.full(z.q.shape, float("nan"), dtype=kernel.OUT_DTYPE, device=z.q.device)
+        return lambda: kernel.attention_fp8(z.q, z.k, z.v, causal, out=out, **z.descales())
+
+    return make
+
+
+def _fa3_fp8_impl():
+    def make(z, causal):
+        from fa3_fwd_interface import flash_attn_func
+
+        def call():
+            out = flash_attn_func(z.q, z.k, z.v, causal=causal, **z.descales())
+            return out[0] if isinstance(out, tuple) else out
+
+        return call
+
+    return make
+
+
+def _tileops_fp8_impl():
+    def make(z, causal):
+        import torch
+        from tileops.attention import GQADenseFwdOp
+
+        op = GQADenseFwdOp(is_causal=causal, out_dtype=torch.bfloat16)
+        return lambda: op(z.q, z.k, z.v, z.q_descale, z.k_descale, z.v_descale)
+
+    return make
+
+
+def implementations(lab_kernels: list[str]) -> dict[str, Callable]:
+    bf16 = bench.implementations(["coop-overlap-persistent"])
+    return {"fp8": _lab_impl(), "fa3-fp8": _fa3_fp8_impl(), "tileops-fp8": _tileops_fp8_impl(),
+            "fa3": bf16["fa3"], "coop-overlap-persistent": bf16["coop-overlap-persistent"]}
+
+
+def measure(shape: shapes.Shape, impls: dict[str, Callable], is_lab: set[str],
+            rounds: int = bench.DEFAULT_ROUNDS) -> list[bench.Row]:
+    import torch
+
+    from ws_lab import oracle, timing
+    from ws_lab.kernels.fwd import fp8
+
+    sets = bench.input_sets(shape, "cuda")
+    quantised = [fp8.quantize(*s) for s in sets]
+    refs = {"fp8": oracle.attention_ref(*quantised[0].dequantised(), causal=shape.causal)[0],
+            "bf16": oracle.attention_ref(*sets[0], causal=shape.causal)[0]}
+    mask = "causal" if shape.causal else "full"
+    rows, timed = [], {}
+    for name, make in impls.items():
+        row = bench.Row(name, shape.name, shape.seq_len, mask, "fp8")
+        is_fp8 = name in FP8_IMPLS
+        try:
+            calls = ([make(z, shape.causal) for z in quantised] if is_fp8
+                     else [make(*s, shape.causal) for s in sets])
+            row.rel_err = oracle.rel_l2(calls[0](), refs["fp8" if is_fp8 else "bf16"])
+            torch.cuda.synchronize()
+            cycle = itertools.cycle(calls)
+            timed[name] = lambda cycle=cycle: next(cycle)()
+        except Exception as exc:  # a peer that cannot run this shape shows n/a
+            row.note = timing.failure_note(exc)
+        rows.append(row)
+    del refs
+    bench.time_rows(rows, timed, rounds, shape.flops())
+    torch.cuda.empty_cache()
+    floor = floors.floor_ms(shape.flops() / 2, shape.min_bytes() / 2)
+    floor_row = bench.floor_row(shape, floor, shape.flops(), len(sets), rounds)
+    floor_row.dtype = "fp8"
+    floor_row.note = f"FP8 at twice the bf16 ceiling (assumed); {floor_row.note}"
+    return rows + [floor_row]
+
+
+FP8 = bench.Suite(PEERS, implementations, measure)
