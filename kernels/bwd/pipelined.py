@@ -65,6 +65,12 @@ class Config:
     block_q: int  # Q rows a step (bn)
     threads: int  # consumer threads (the producer warpgroup comes on top)
     num_stages: int
+    # The walk: False, head by head, Q tiles first to last; True, Q tiles last to first with
+    # the group's heads inner, so every CTA of a head reads the same Q / dO tile at the same
+    # time (causal CTAs start at different tiles, so head by head they drift apart) and the
+    # step's head and tile come from a division by the group, a constant. Off by default:
+    # not yet measured (notes/bwd.md, "Session 36").
+    heads_inner: bool = False
 
 
 # 2 consumer warpgroups of 64 K/V rows each, 64 Q rows a step: Sᵀ, dPᵀ and dQ 32 registers a
@@ -132,8 +138,7 @@ def flash_bwd(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softmax_
             first = (bx * bm) // bn if causal else 0  # Q tiles above it never see this K/V tile
             steps = n_qtiles - first
             for it in T.Pipelined(group * steps, num_stages=cfg.num_stages):
-                h = kvh * group + it // steps
-                qt = first + it % steps
+                h, qt = q_walk(it, steps, first, kvh, group, n_qtiles, cfg.heads_inner)
                 mask_step = masked(qt, bx)
                 T.copy(Q[bz, qt * bn:(qt + 1) * bn, h, :], q_s)
                 T.copy(dO[bz, qt * bn:(qt + 1) * bn, h, :], do_s)
@@ -235,6 +240,14 @@ def dq_stager(block_q, head_dim, threads):
             T.tma_store_arrive()
 
     return stage_dq
+
+
+def q_walk(it, steps, first, kv_head, group, n_qtiles, heads_inner):
+    """(query head, Q tile) of a CTA's step ``it`` of ``group · steps``, over its group's heads
+    and Q tiles ``first`` … ``n_qtiles − 1`` (``Config.heads_inner`` says in which order)."""
+    if heads_inner:
+        return kv_head * group + it % group, n_qtiles - 1 - it // group
+    return kv_head * group + it // steps, first + it % steps
 
 
 def kv_grid(n_kvtiles, kv_heads, batch, causal):

@@ -183,3 +183,16 @@ def test_every_kv_tile_runs_once_and_causal_launches_the_longest_first(causal):
                                                         range(batch)))
     tiles = [tile for tile, _, _ in launched]
     assert (tiles == sorted(tiles)) == causal
+
+
+@pytest.mark.parametrize("heads_inner", [False, True])
+def test_every_walk_visits_each_head_and_q_tile_once(heads_inner):
+    """A CTA's walk covers its group's heads × its Q tiles once each; heads inner, the Q tiles
+    run from the last down, the group's heads together on each."""
+    group, n_qtiles, first, kv_head = 4, 9, 3, 2
+    steps = n_qtiles - first
+    walk = [pipelined.q_walk(it, steps, first, kv_head, group, n_qtiles, heads_inner)
+            for it in range(group * steps)]
+    assert sorted(walk) == sorted(itertools.product(range(8, 12), range(first, n_qtiles)))
+    tiles = [qt for _, qt in walk]
+    assert (tiles == sorted(tiles, reverse=True)) == heads_inner

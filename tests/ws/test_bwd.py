@@ -65,6 +65,18 @@ def test_backward_matches_the_oracle(head_dim, causal, dtype, group, seq_len):
 
 
 @pytest.mark.parametrize("head_dim,causal,dtype,group,seq_len", CASES[::3])
+def test_the_heads_inner_walk_matches_the_oracle(head_dim, causal, dtype, group, seq_len):
+    """``Config(heads_inner=True)`` (off by default until measured): the same bound."""
+    import dataclasses
+
+    inputs, want = problem(head_dim, causal, dtype, group, seq_len)
+    config = dataclasses.replace(pipelined.DEFAULT, heads_inner=True)
+    got = pipelined.attention_bwd(*inputs, causal, config=config, **poisoned_grads(*inputs[:3]))
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        assert grad_error(g, w) < TOLERANCE[dtype], name
+
+
+@pytest.mark.parametrize("head_dim,causal,dtype,group,seq_len", CASES[::3])
 def test_deterministic_mode_matches_the_oracle_and_repeats_bitwise(head_dim, causal, dtype,
                                                                    group, seq_len):
     """dQ from the dQ kernel (no atomics): within the grid's bound, and 20 more runs into fresh
