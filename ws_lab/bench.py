@@ -193,6 +193,24 @@ def _checked_call(name, make, shape, sets, ref, is_lab: bool):
     return (lambda: next(cycle)()), oracle.rel_l2(out, ref)
 
 
+def checked_cycle(row: Row, make_calls: Callable[[], list], error_of: Callable):
+    """One implementation's timed call for a suite's ``measure``: ``make_calls()`` builds a call
+    per input set, the first one's output gives ``row.rel_err`` (``error_of``), and the result
+    cycles through the calls. An implementation that cannot run the shape gets its failure in
+    ``row.note`` and None: it shows n/a."""
+    import torch
+
+    try:
+        calls = make_calls()
+        row.rel_err = error_of(calls[0]())
+        torch.cuda.synchronize()
+    except Exception as exc:  # a peer that cannot run this shape shows n/a
+        row.note = timing.failure_note(exc)
+        return None
+    cycle = itertools.cycle(calls)
+    return lambda: next(cycle)()
+
+
 def measure(shape: shapes.Shape, impls: dict[str, Callable], is_lab: set[str],
             rounds: int = DEFAULT_ROUNDS) -> list[Row]:
     import torch

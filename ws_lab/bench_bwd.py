@@ -88,11 +88,9 @@ def _worst_error(grads, want) -> float:
 
 def measure(shape: shapes.Shape, impls: dict[str, Callable], is_lab: set[str],
             rounds: int = bench.DEFAULT_ROUNDS) -> list[bench.Row]:
-    import itertools
-
     import torch
 
-    from ws_lab import oracle, timing
+    from ws_lab import oracle
 
     sets = _problem_sets(shape)
     q, k, v, _, dout, _ = sets[0]
@@ -101,14 +99,10 @@ def measure(shape: shapes.Shape, impls: dict[str, Callable], is_lab: set[str],
     rows, timed = [], {}
     for name, make in impls.items():
         row = bench.Row(name, shape.name, shape.seq_len, mask, shape.dtype)
-        try:
-            calls = [make(*s, shape.causal) for s in sets]
-            row.rel_err = _worst_error(calls[0](), want)
-            torch.cuda.synchronize()
-            cycle = itertools.cycle(calls)
-            timed[name] = lambda cycle=cycle: next(cycle)()
-        except Exception as exc:  # a peer that cannot run this shape shows n/a
-            row.note = timing.failure_note(exc)
+        call = bench.checked_cycle(row, lambda make=make: [make(*s, shape.causal) for s in sets],
+                                   lambda grads: _worst_error(grads, want))
+        if call:
+            timed[name] = call
         rows.append(row)
     del want
     flops = BWD_FLOPS * shape.flops()

@@ -12,7 +12,6 @@ data sheet; not measured by the lab).
 """
 from __future__ import annotations
 
-import itertools
 from typing import Callable
 
 from ws_lab import bench, floors, registry, shapes
@@ -68,7 +67,7 @@ def measure(shape: shapes.Shape, impls: dict[str, Callable], is_lab: set[str],
             rounds: int = bench.DEFAULT_ROUNDS) -> list[bench.Row]:
     import torch
 
-    from ws_lab import oracle, timing
+    from ws_lab import oracle
     from ws_lab.kernels.fwd import fp8
 
     sets = bench.input_sets(shape, "cuda")
@@ -79,16 +78,13 @@ def measure(shape: shapes.Shape, impls: dict[str, Callable], is_lab: set[str],
     rows, timed = [], {}
     for name, make in impls.items():
         row = bench.Row(name, shape.name, shape.seq_len, mask, "fp8")
-        is_fp8 = name in FP8_IMPLS
-        try:
-            calls = ([make(z, shape.causal) for z in quantised] if is_fp8
-                     else [make(*s, shape.causal) for s in sets])
-            row.rel_err = oracle.rel_l2(calls[0](), refs["fp8" if is_fp8 else "bf16"])
-            torch.cuda.synchronize()
-            cycle = itertools.cycle(calls)
-            timed[name] = lambda cycle=cycle: next(cycle)()
-        except Exception as exc:  # a peer that cannot run this shape shows n/a
-            row.note = timing.failure_note(exc)
+        if name in FP8_IMPLS:
+            calls, ref = (lambda make=make: [make(z, shape.causal) for z in quantised]), refs["fp8"]
+        else:
+            calls, ref = (lambda make=make: [make(*s, shape.causal) for s in sets]), refs["bf16"]
+        call = bench.checked_cycle(row, calls, lambda out, ref=ref: oracle.rel_l2(out, ref))
+        if call:
+            timed[name] = call
         rows.append(row)
     del refs
     bench.time_rows(rows, timed, rounds, shape.flops())

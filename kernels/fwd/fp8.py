@@ -33,6 +33,7 @@ import torch
 
 from ws_lab.check import Support, head_dims_supported, require_device, validate_attention_inputs
 from ws_lab.kernels import LOG2E
+from ws_lab.kernels.fwd.pipelined import Config  # the same tiles and launch order
 from ws_lab.kernels.fwd.softmax import alloc_softmax_state, normalize_o, online_softmax, score_mask
 from ws_lab.kernels.fwd.tile_scheduler import qtile_grid
 from ws_lab.target import compile_sm90a
@@ -42,15 +43,6 @@ TL_FP8 = "float8_e4m3fn"
 INPUT_DTYPE = TL_FP8  # what ``python -m ws_lab.emit fp8`` reports (the shape's dtype is unused)
 OUT_DTYPE = torch.bfloat16
 HEAD_DIMS = ((64, 64), (128, 128))
-
-
-@dataclass(frozen=True)
-class Config:
-    block_m: int
-    block_n: int
-    threads: int
-    num_stages: int
-    heavy_first: bool = False  # causal: the longest Q tiles launch first (tile_scheduler)
 
 
 def config_for(causal: bool) -> Config:
