@@ -68,8 +68,8 @@ def measure(shape: shapes.Shape, impls: dict[str, Callable], is_lab: set[str],
     import torch
 
     from ws_lab import oracle
-    from ws_lab.kernels.fwd import fp8
 
+    fp8 = registry.get("fp8").module_object()
     sets = bench.input_sets(shape, "cuda")
     quantised = [fp8.quantize(*s) for s in sets]
     refs = {"fp8": oracle.attention_ref(*quantised[0].dequantised(), causal=shape.causal)[0],

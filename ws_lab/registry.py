@@ -103,14 +103,16 @@ def supported_shapes(name: str) -> list[Shape]:
 
 
 # Decode and RL-step families: their own call signatures (paged / static KV caches, the
-# lm_head's log-probs), so they are not ``Kernel``s; the harness reaches them through
-# ``decode(name)``, never by module path.
+# lm_head's log-probs, the update's autograd attention op), so they are not ``Kernel``s; the
+# harness reaches them through ``decode(name)``, never by module path.
 DECODE: dict[str, str] = {"paged": "ws_lab.kernels.decode.paged",
                           "fused": "ws_lab.kernels.decode.fused_decode",
                           "layer_ops": "ws_lab.kernels.step.decode_layer",
                           "sampling": "ws_lab.kernels.step.sampling",
                           "rollout_step": "ws_lab.kernels.step.rollout_step",
-                          "token_logprobs": "ws_lab.kernels.step.token_logprobs"}
+                          "token_logprobs": "ws_lab.kernels.step.token_logprobs",
+                          # torch.ops.ws_lab.attention, the update's trainable attention
+                          "attention_op": "ws_lab.kernels.bwd.attention_op"}
 
 
 def decode(name: str):

@@ -18,8 +18,9 @@ NAME = "ws_lab"
 
 def lab_attention(q, k, v, causal: bool, softmax_scale):
     """BSHD attention out of the lab's autograd op (q (B, S, Hq, D), k / v (B, S, Hkv, D))."""
-    from ws_lab.kernels.bwd import attention_op  # noqa: F401  (defines torch.ops.ws_lab.attention)
+    from ws_lab import registry
 
+    registry.decode("attention_op")  # its import defines torch.ops.ws_lab.attention
     return torch.ops.ws_lab.attention(q, k, v, causal, softmax_scale)[0]
 
 
