@@ -94,7 +94,7 @@ def flash_bwd(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softmax_
     n_qtiles = (seq_len + bn - 1) // bn
     n_kvtiles = (seq_len + bm - 1) // bm
     live = _live(seq_len, causal)
-    stage_dq = dq_stager(bn, head_dim, cfg.threads)
+    stage_dq, drain_dq = dq_stager(bn, head_dim, cfg.threads)
     if prepost.DQ_ROW_ALIGN % bn:
         raise ValueError(f"block_q {bn} must divide the dQ accumulator's row alignment "
                          f"{prepost.DQ_ROW_ALIGN}")
@@ -180,9 +180,7 @@ def flash_bwd(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softmax_
                 else:
                     _gemm(ds_s, q_s, dk)
             if with_dq:  # the last reduce-add has read dq_s before dkv_s may reuse its bytes
-                if T.get_thread_binding() == 0:
-                    T.tma_store_wait(0)
-                T.sync_threads(barrier_id=NamedBarrier.BWD_DQ_STAGE, arrive_count=cfg.threads)
+                drain_dq()
             T.copy(dk, dkv_s)
             T.copy(dkv_s, dK[bz, bx * bm:(bx + 1) * bm, kvh, :])
             T.copy(dv, dkv_s)
@@ -221,25 +219,29 @@ def dq_stager(block_q, head_dim, threads):
     """dQ out of a step, FA3's way in place of one atomic per element: the tile goes to shared
     memory and one thread adds it into the accumulator's contiguous (block_q, D + pad) run with
     one bulk reduce-add, waiting for it to have read the tile only a step later, before the
-    next tile is staged (scalar atomics cost 24 % of the kernel: notes/bwd.md, "Session 36")."""
+    next tile is staged (scalar atomics cost 24 % of the kernel: notes/bwd.md, "Session 36").
+    Returns (stage_dq, drain_dq): drain_dq is that wait, for every consumer thread."""
     run_bytes = block_q * (head_dim + prepost.DQ_PAD) * 4
 
     @T.macro
-    def stage_dq(dq_frag, dq_s, dq_run):
-        leader = T.get_thread_binding() == 0
-        if leader:
-            T.tma_store_wait(0)  # the last step's reduce-add has read dq_s
+    def drain_dq():
+        if T.get_thread_binding() == 0:
+            T.tma_store_wait(0)  # the last reduce-add has read dq_s
         T.sync_threads(barrier_id=NamedBarrier.BWD_DQ_STAGE, arrive_count=threads)
+
+    @T.macro
+    def stage_dq(dq_frag, dq_s, dq_run):
+        drain_dq()
         for j, d in T.Parallel(block_q, head_dim):
             dq_s[j, d] = dq_frag[j, d]
         T.fence_proxy_async()  # each thread's stores, before the bulk copy reads them
         T.sync_threads(barrier_id=NamedBarrier.BWD_DQ_STAGE, arrive_count=threads)
-        if leader:
+        if T.get_thread_binding() == 0:
             T.call_extern("handle", "tl::tma_store_add", T.access_ptr(dq_s[0, 0], "r"),
                           T.access_ptr(dq_run, "w"), run_bytes)
             T.tma_store_arrive()
 
-    return stage_dq
+    return stage_dq, drain_dq
 
 
 def q_walk(it, steps, first, kv_head, group, n_qtiles, heads_inner):

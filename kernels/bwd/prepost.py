@@ -34,7 +34,8 @@ def dq_accum_shape(batch, seq_len, heads, head_dim):
 
 
 def preprocess(batch, seq_len, heads, head_dim, dtype, clear_dq: bool = True):
-    """Δ from O and dO; with ``clear_dq`` (the main kernel's dQ path) also the zeroed accumulator."""
+    """Δ from O and dO; with ``clear_dq`` (the main kernel's dQ path) also the zeroed
+    accumulator."""
     accum = "float"
 
     @T.macro
