@@ -43,6 +43,10 @@ def _parser():
                     help="the scoring forward and backward's attention (with --grpo): HF's "
                          "SDPA, or the lab's op (TileLang forward + backward, "
                          "ws_lab/rollout/hf_attention.py); default sdpa")
+    ap.add_argument("--grpo-logprobs", choices=("torch", "lab"), default="torch",
+                    help="the old, reference and policy log-probs (with --grpo): the lm_head's "
+                         "logits then log-softmax in torch, or the lab's kernel chunked over "
+                         "the vocabulary (kernels/step/token_logprobs.py); default torch")
     return ap
 
 

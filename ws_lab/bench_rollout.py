@@ -225,7 +225,7 @@ def grpo_step(hf, args, group=GRPO_GROUP):
 
     def update(tokens, rewards):
         report = grpo.update(policy, reference, optimizer, prompts, tokens, rewards, group,
-                             task.eos_id)[0]
+                             task.eos_id, logprobs=args.grpo_logprobs)[0]
         rollout.model.refresh_weights()  # in place: the next rollout samples the new policy
         return report
 
@@ -242,7 +242,8 @@ def grpo_step(hf, args, group=GRPO_GROUP):
     floor = floor_ms(hf, args.batch, args.prompt, args.new, floors.read_bandwidth_gbps())[0]
     floors_s = grpo_floors_s(hf, args.batch, args.prompt, args.new, floor)
     print(f"\nDr. GRPO steps ({args.batch} sequences = {args.batch // group} prompts × {group}, "
-          f"{args.prompt} + {args.new} tokens, scoring attention {args.grpo_attention}; 1 cold "
+          f"{args.prompt} + {args.new} tokens, scoring attention {args.grpo_attention}, log-probs "
+          f"{args.grpo_logprobs}; 1 cold "
           f"step, then {args.steps} warm):")
     print("| phase | cold s | warm s (median) | warm range | peak GiB | floor s | × floor |")
     print("|---|---|---|---|---|---|---|")

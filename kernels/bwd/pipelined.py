@@ -20,8 +20,8 @@ The five GEMMs of a step, with the K/V tile as the M side (rows i: keys; columns
   dV += Pᵀ dO (RS)          dPᵀ = V dOᵀ (SS), issued after dV so Sᵀ, Pᵀ and dPᵀ are never
                             all live (the other order spilled at 64 Q rows a step)
   dSᵀ = Pᵀ ∘ (dPᵀ − Δ_j) · scale, Δ = rowsum(dO ∘ O)
-  dK += dSᵀ Q (SS)          dQ = dS K (SS, dSᵀ read transposed), issued with dK, one wait;
-                            then staged → bulk reduce-add
+  dK += dSᵀ Q (SS)          dQ = dS K (SS, dSᵀ read transposed), issued just before dK;
+                            staged → bulk reduce-add between their waits, under dK's GEMM
 Shared memory at D 128 and the default tiles (bm 128 K/V rows, bn 64 Q rows, 2 stages): K and
   V 64 KB, the Q and dO rings 64 KB, dSᵀ 16 KB, dQ's staging 34 KB (64 × 136 fp32: 8 pad
   columns put each row on other banks), lse and Δ 1 KB: 184320 B as lowered (the dK / dV store
@@ -29,9 +29,10 @@ Shared memory at D 128 and the default tiles (bm 128 K/V rows, bn 64 Q rows, 2 s
 Grid (``kv_grid``): causal, every head's K/V tile 0 (the longest walk) launches first; full,
   a head's K/V tiles launch together. Causal steps start at the first Q tile that sees the K/V
   tile; only the tiles that straddle the diagonal and the ragged last Q and K/V tiles are
-  masked. Correct on the H100 over the grid of tests/ws/test_bwd.py; 0.89–0.90 × TileOPs'
-  backward on the full rows, 0.80 × on the causal ones (then 1.03 × from issuing dK and dQ
-  together), and ahead of every peer on the Qwen row (notes/bwd.md, "Session 36").
+  masked. Compiled with fast math (ex2.approx.ftz for Pᵀ). Correct on the H100 over the grid
+  of tests/ws/test_bwd.py; 0.90–0.93 × TileOPs' backward on the full rows, 0.81–0.84 × on the
+  causal ones, level with or ahead of cuDNN on three of five rows and ahead of every peer on
+  the Qwen row (notes/bwd.md, "Session 37").
 
 Deterministic mode (``attention_bwd(..., deterministic=True)``): the main kernel without dQ
 (``with_dq=False``: four GEMMs), then ``flash_bwd_dq``, FA2's separate dQ pass in place of FA3's
@@ -46,6 +47,7 @@ import math
 import operator
 from dataclasses import dataclass
 
+import tilelang
 import tilelang.language as T
 import torch
 
@@ -57,6 +59,9 @@ from ws_lab.kernels.fwd.barriers import NamedBarrier
 from ws_lab.target import compile_sm90a
 
 HEAD_DIMS = ((64, 64), (128, 128))
+# ex2.approx.ftz: Pᵀ's exp2 without the subnormal range fix-up (an FSETP and an FMUL an
+# element before the MUFU; notes/bwd.md, "Session 37")
+PASS_CONFIGS = {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True}
 
 
 @dataclass(frozen=True)
@@ -69,7 +74,8 @@ class Config:
     # the group's heads inner, so every CTA of a head reads the same Q / dO tile at the same
     # time (causal CTAs start at different tiles, so head by head they drift apart) and the
     # step's head and tile come from a division by the group, a constant. Off by default:
-    # not yet measured (notes/bwd.md, "Session 36").
+    # 1.03–1.04 × on llama8b-4k and the Qwen row, 0.93 × on llama8b-8k (notes/bwd.md,
+    # "Session 37").
     heads_inner: bool = False
 
 
@@ -163,20 +169,20 @@ def flash_bwd(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softmax_
                 # dSᵀ goes through shared memory once and both GEMMs read it there: copying an
                 # RS operand fragment to shared memory writes wrong data (tilelang #2954)
                 T.copy(dst, ds_s)
-                if with_dq:  # dK and dQ issued together, one wait (notes/bwd.md, "Session 36")
-                    T.clear(dq_frag)
-                    T.wgmma_gemm(ds_s, q_s, dk, policy=T.GemmWarpPolicy.FullRow)
-                    T.wgmma_gemm(ds_s, k_s, dq_frag, transpose_A=True,
+                if with_dq:  # dQ, then dK; dQ staged under dK (notes/bwd.md, "Session 37")
+                    T.wgmma_gemm(ds_s, k_s, dq_frag, transpose_A=True, clear_accum=True,
                                  policy=T.GemmWarpPolicy.FullRow)
-                    T.wait_wgmma(0)
+                    T.wgmma_gemm(ds_s, q_s, dk, policy=T.GemmWarpPolicy.FullRow)
+                    T.wait_wgmma(1)
                     # T.wgmma_gemm fences before the wait, not after (tests/upstream/
                     # test_wgmma_fences.py)
-                    T.warpgroup_fence_operand(dk, num_regs=bm * head_dim // cfg.threads)
                     T.warpgroup_fence_operand(dq_frag, num_regs=bn * head_dim // cfg.threads)
+                    stage_dq(dq_frag, dq_s, dQ[bz, h, qt * bn, 0])
+                    T.wait_wgmma(0)
+                    T.warpgroup_fence_operand(dk, num_regs=bm * head_dim // cfg.threads)
                     # the pipeline frees a stage after its tiles' last access, and an issued
                     # wgmma is no finished read: reading them here holds it until dK is done
                     stage_hold[0] = q_s[0, 0] + do_s[0, 0]
-                    stage_dq(dq_frag, dq_s, dQ[bz, h, qt * bn, 0])
                 else:
                     _gemm(ds_s, q_s, dk)
             if with_dq:  # the last reduce-add has read dq_s before dkv_s may reuse its bytes
@@ -355,12 +361,12 @@ def prim_func_for(shape, config: Config = DEFAULT):
 
 @functools.lru_cache(maxsize=None)
 def compiled(*args, with_dq=True):
-    return compile_sm90a(flash_bwd(*args, with_dq=with_dq))
+    return compile_sm90a(flash_bwd(*args, with_dq=with_dq), PASS_CONFIGS)
 
 
 @functools.lru_cache(maxsize=None)
 def compiled_dq(*args):
-    return compile_sm90a(flash_bwd_dq(*args))
+    return compile_sm90a(flash_bwd_dq(*args), PASS_CONFIGS)
 
 
 def attention_bwd(q, k, v, out, dout, lse, causal=False, softmax_scale=None, *, dq=None,

@@ -21,7 +21,8 @@ def test_backward_compiles_to_five_wgmma_gemms_without_spills(tmp_path, head_dim
                                                               ragged):
     shape = shapes.Shape("bwd-codegen", 2, 8, 2, 1000 if ragged else 1024, head_dim, head_dim,
                          causal, "bfloat16")
-    emitted = emit.lower_variant("bwd-pipelined", shape, pipelined.prim_func_for(shape), None)
+    emitted = emit.lower_variant("bwd-pipelined", shape, pipelined.prim_func_for(shape),
+                                 pipelined.PASS_CONFIGS)
     summary = emit.inspect(emitted, tmp_path)
     cfg = pipelined.DEFAULT
     k_steps_s = head_dim // 16  # Sᵀ and dPᵀ: K = D
@@ -51,8 +52,8 @@ def test_deterministic_mode_compiles_to_wgmma_without_spills(tmp_path, head_dim,
                  2 * (head_dim // 16) + main.block_q // 16, main.block_q // 16),
         "dq": (pipelined.flash_bwd_dq(*args), 2 * (head_dim // 16), dq_cfg.block_kv // 16)}
     for name, (func, want_ss, want_rs) in expected.items():
-        summary = emit.inspect(emit.lower_variant("bwd-pipelined", shape, func, None),
-                               tmp_path / name)
+        summary = emit.inspect(emit.lower_variant("bwd-pipelined", shape, func,
+                                                  pipelined.PASS_CONFIGS), tmp_path / name)
         ss = sum(n for kind, n in summary.hgmma.items() if not kind.endswith(".RS"))
         rs = sum(n for kind, n in summary.hgmma.items() if kind.endswith(".RS"))
         assert (ss, rs) == (want_ss, want_rs), (name, summary.hgmma)
@@ -146,16 +147,25 @@ def test_every_backward_kernel_has_a_buffer_per_parameter():
 @needs_nvcc
 def test_dq_leaves_by_one_bulk_reduce_add_a_step(tmp_path):
     """dQ goes out of a step as one bulk reduce-add (UBLKRED) of the staged tile from one
-    thread, not as atomics: no REDG/ATOMG in the kernel, and the staging tile's wait
+    thread, not as atomics, staged while dK's GEMM runs: no REDG/ATOMG in the kernel, Pᵀ's
+    exp2 without the subnormal fix-up (fast math), and the staging tile's wait
     (``cp.async.bulk.wait_group.read``) comes a step later, before the tile is rewritten, and
     once after the loop. The kernel's named barriers are the ones its docstring lists."""
     shape = shapes.Shape("bwd-dq", 2, 8, 2, 1000, 128, 128, True, "bfloat16")
     func = pipelined.flash_bwd(2, 1000, 8, 2, 128, True, "bfloat16", 128 ** -0.5)
-    emitted = emit.lower_variant("bwd-pipelined", shape, func, None)
+    emitted = emit.lower_variant("bwd-pipelined", shape, func, pipelined.PASS_CONFIGS)
     summary = emit.inspect(emitted, tmp_path)
     assert summary.spill_bytes == 0, summary.format()
     sass_text = next(tmp_path.glob("*.sass")).read_text()
     assert re.findall(r"\b(UBLKRED\S*)", sass_text) == ["UBLKRED.G.S.ADD.F32.RN"]
+    # dQ first, then dK: the staging stores and the reduce-add sit between the wait for dQ
+    # (DEPBAR.LE 1) and the wait for dK (DEPBAR.LE 0), so they run under dK's GEMM
+    under_dk = re.search(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x1 ;(.*?)WARPGROUP\.DEPBAR\.LE gsb0, 0x0 ;",
+                         sass_text, re.S)
+    assert under_dk and "UBLKRED" in under_dk.group(1), "dQ is not staged under dK"
+    assert len(re.findall(r"\bSTS\.", under_dk.group(1))) >= 8
+    # fast math: Pᵀ's exp2 is a bare MUFU.EX2, without the subnormal fix-up's compare to -126
+    assert "MUFU.EX2" in sass_text and not re.search(r"FSETP\.\S+ \S+, \S+, \S+, -126", sass_text)
     assert not re.search(r"\b(REDG|ATOMG|RED)\.", sass_text)
     source = emitted.source
     reduce_at = source.index("tl::tma_store_add(")

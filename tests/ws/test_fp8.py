@@ -1,18 +1,25 @@
 """The FP8 forward (kernels/fwd/fp8.py) on the GPU against the float64 oracle on the
 dequantised inputs (the kernel's own error: P rounded to e4m3 for the PV GEMM, fp32
 accumulation), over D 64 / 128, causal and full, query groups 1 / 4 / 8 and S 1 / 127 /
-4096, random descales, the output NaN-poisoned before the run. The bound is a first guess
-until the first GPU run (notes/fp8.md)."""
+4096, random descales, the output NaN-poisoned before the run (every case within rel-L2
+5e-2 on the first GPU run, session 37; the bench rows' 2.1e-2 to 2.6e-2 match FA3 FP8's own,
+notes/fp8.md); the quantisation error on bf16-derived inputs against FA3 FP8's, with and
+without the Hadamard option; memcheck."""
 import itertools
 
 import pytest
 
+from tests.ws.grid import assert_sanitizer_clean
 from ws_lab import oracle
 from ws_lab.kernels.fwd import fp8
 
 pytestmark = pytest.mark.hopper
 
 BOUND = 5e-2
+# lse's largest |error| (natural log): 1.3e-3 to 5.7e-3 on the first GPU run (session 37); the
+# scores come from e4m3 wgmma, whose fp32 accumulation on Hopper keeps fewer mantissa bits
+# than an fp32 add (the quantisation test holds the lab's lse error to FA3 FP8's)
+LSE_BOUND = 1e-2
 CASES = list(itertools.product((64, 128), (False, True), (1, 4, 8), (1, 127, 4096)))
 
 
@@ -33,4 +40,66 @@ def test_fp8_forward_matches_the_oracle_on_dequantised_inputs(head_dim, causal, 
                                         fp8.dequantise(v, vd), causal=causal)
     assert got.data_ptr() == out.data_ptr() and torch.isfinite(got).all()
     assert oracle.rel_l2(got, ref) < BOUND
-    assert (lse.double() - ref_lse).abs().max().item() < 1e-3
+    assert (lse.double() - ref_lse).abs().max().item() < LSE_BOUND
+
+
+def outlier_inputs(seed, outliers):
+    """bf16 (q, k, v): B 2, S 1024, Hq 8 / Hkv 2, D 128, N(0, 1); with ``outliers`` four key
+    channels × 20 and the same query channels × 5 (the CPU test's case, notes/fp8.md)."""
+    import torch
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(2, 1024, 8, 128, device="cuda", generator=gen)
+    k, v = (torch.randn(2, 1024, 2, 128, device="cuda", generator=gen) for _ in range(2))
+    if outliers:
+        k[..., :4] *= 20
+        q[..., :4] *= 5
+    return tuple(x.to(torch.bfloat16) for x in (q, k, v))
+
+
+@pytest.mark.parametrize("outliers", [False, True])
+def test_quantisation_error_is_no_worse_than_fa3s_and_the_hadamard_option_cuts_outliers(
+        outliers):
+    """On the same bf16-derived e4m3 inputs and descales, the lab's output against the float64
+    oracle on the bf16 inputs is within 2 % of FA3 FP8's rel-L2 or below it, and so is its
+    lse error against the oracle on the dequantised inputs. The Hadamard option cuts the
+    error by more than 2 × where channels carry outliers and leaves it within 5 % on N(0, 1)
+    inputs (nothing to spread). Skips where FA3's FP8 forward is not installed."""
+    fa3 = pytest.importorskip("fa3_fwd_interface")
+    q, k, v = outlier_inputs(0, outliers)
+    ref = oracle.attention_ref(q, k, v, causal=True)[0]
+    plain, rotated = fp8.quantize(q, k, v), fp8.quantize(q, k, v, hadamard=True)
+    ref_lse = oracle.attention_ref(*plain.dequantised(), causal=True)[1]
+    out, lse = fp8.attention_fp8(plain.q, plain.k, plain.v, True, return_lse=True,
+                                 **plain.descales())
+    fa3_out, fa3_lse = fa3.flash_attn_func(plain.q, plain.k, plain.v, causal=True,
+                                           return_attn_probs=True, **plain.descales())[:2]
+    hadamard = fp8.attention_fp8(rotated.q, rotated.k, rotated.v, True, **rotated.descales())
+    errors = {name: oracle.rel_l2(x, ref) for name, x in
+              (("lab", out), ("fa3", fa3_out), ("lab+hadamard", hadamard))}
+    lse_errors = {name: (x.double() - ref_lse).abs().max().item() for name, x in
+                  (("lab", lse), ("fa3", fa3_lse))}
+    print(f"outliers={outliers}: rel-L2 {errors}, lse max |error| {lse_errors}")
+    assert errors["lab"] <= errors["fa3"] * 1.02
+    assert lse_errors["lab"] <= lse_errors["fa3"] * 1.02
+    if outliers:
+        assert errors["lab+hadamard"] < errors["lab"] / 2
+    else:
+        assert errors["lab+hadamard"] < errors["lab"] * 1.05
+
+
+SANITIZED = """
+import torch
+from ws_lab.kernels.fwd import fp8
+for d, causal, s, group in ((64, True, 127, 4), (128, False, 200, 1)):
+    q = torch.randn(1, s, 2 * group, d, device="cuda").to(fp8.FP8)
+    k, v = (torch.randn(1, s, 2, d, device="cuda").to(fp8.FP8) for _ in range(2))
+    out, lse = fp8.attention_fp8(q, k, v, causal, return_lse=True)
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+"""
+
+
+def test_memcheck_finds_nothing_on_ragged_sequences():
+    """S not a multiple of the tiles: the Q tile and the K / Vᵀ tiles past S must be bounded
+    (compute-sanitizer memcheck over TileLang's main*_kernel, 0 errors)."""
+    assert_sanitizer_clean("memcheck", SANITIZED, kernels="main")
