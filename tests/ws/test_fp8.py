@@ -45,7 +45,8 @@ def test_fp8_forward_matches_the_oracle_on_dequantised_inputs(head_dim, causal, 
 
 def outlier_inputs(seed, outliers):
     """bf16 (q, k, v): B 2, S 1024, Hq 8 / Hkv 2, D 128, N(0, 1); with ``outliers`` four key
-    channels × 20 and the same query channels × 5 (the CPU test's case, notes/fp8.md)."""
+    channels × 20 and the same query channels × 5 (the CPU test's outlier pattern,
+    notes/fp8.md)."""
     import torch
 
     gen = torch.Generator(device="cuda").manual_seed(seed)
