@@ -243,8 +243,7 @@ def grpo_step(hf, args, group=GRPO_GROUP):
     floors_s = grpo_floors_s(hf, args.batch, args.prompt, args.new, floor)
     print(f"\nDr. GRPO steps ({args.batch} sequences = {args.batch // group} prompts × {group}, "
           f"{args.prompt} + {args.new} tokens, scoring attention {args.grpo_attention}, log-probs "
-          f"{args.grpo_logprobs}; 1 cold "
-          f"step, then {args.steps} warm):")
+          f"{args.grpo_logprobs}; 1 cold step, then {args.steps} warm):")
     print("| phase | cold s | warm s (median) | warm range | peak GiB | floor s | × floor |")
     print("|---|---|---|---|---|---|---|")
     for name in GRPO_PHASES:
