@@ -26,6 +26,11 @@ class NamedBarrier(IntEnum):
     # reduce-add has read the staging tile; this step's dQ is in it (TileLang's own syncs in
     # that automatically warp-specialized kernel take id 3)
     BWD_DQ_STAGE = 6
+    # FP8 forward: a warpgroup's 128 threads wrote its 64 rows of P (ids 7 and 8, one a
+    # warpgroup); both warpgroups (256) wrote O before its TMA store
+    FP8_P_WG1 = 7
+    FP8_P_WG2 = 8
+    FP8_O_TILE = 9
 
 
 WARP_SCHEDULERS = (NamedBarrier.WARP_SCHEDULER_WG1, NamedBarrier.WARP_SCHEDULER_WG2)

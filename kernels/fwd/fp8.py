@@ -1,25 +1,31 @@
-"""FP8 (e4m3) GQA forward, first version (issue #48): e4m3 Q, K, V with FA3's descales, bf16 O
-and fp32 LSE. Correct on the H100 (tests/ws/test_fp8.py: its error and its quantisation error
-equal FA3 FP8's); 0.61–0.73 × FA3 FP8's speed (notes/fp8.md, "Session 37").
+"""FP8 (e4m3) GQA forward (issue #48): e4m3 Q, K, V with FA3's descales, bf16 O and fp32 LSE.
+Correct on the H100 (tests/ws/test_fp8.py: its error and its quantisation error equal FA3
+FP8's); 0.87–0.93 × FA3 FP8's speed and level with TileOPs' FP8 op on the rows where FA3's
+timing is stable (notes/fp8.md, "Session 38").
 
 FA3 counterpart: ``hopper/mainloop_fwd_sm90_tma_gmma_ws.hpp``'s FP8 path in what it computes
 (S = Q Kᵀ and O = P V on e4m3 wgmma, fp32 accumulators, the descales folded into the softmax
 scale and O's epilogue), not yet in how it feeds the PV GEMM. FP8 wgmma takes both operands
 K-major from shared memory, and TileLang 0.1.15 neither transposes V in shared memory nor
 lays P's e4m3 registers out as an RS operand (notes/upstream.md, "Session 35, later"), so here:
-  - V is transposed once in global memory by the wrapper: ``vt`` (B, Hkv, Dv, S rounded up to
-    ``block_n``, zero-filled), read K-major by TMA (FA3: LDSM.T / STSM in the producer);
+  - V is transposed in global memory by the wrapper's Triton pass (``transpose_v``: Vᵀ (B,
+    Hkv, Dv, S rounded up to ``block_n``), zeros past S), read K-major by TMA (FA3: LDSM.T /
+    STSM in the producer);
   - P goes to the PV GEMM through shared memory (SS; FA3: RS from registers with V's columns
     permuted).
-Both are still to be measured against FA3's way (the issue's acceptance).
 
 Roles: TileLang's automatic warp specialization of the ``T.Pipelined`` loop, as
 ``kernels/fwd/pipelined.py``: 2 consumer warpgroups (setmaxnreg 240; S = Q Kᵀ SS, online
 softmax with exp2 of the descaled scale·log2 e, P to shared memory, O += P Vᵀᵀ SS) and a
-producer warpgroup (setmaxnreg 24; TMA of K and Vᵀ into the ring). Barriers: the pipeline's
-mbarriers and TileLang's consumer syncs (P's shared tile).
-Shared memory at D 128 (bm 128, bn 128, 2 stages, 1-byte elements): Q 16 KB, K and Vᵀ rings
-64 KB, P 16 KB, O (bf16) 32 KB.
+producer warpgroup (setmaxnreg 24; TMA of K and Vᵀ into the ring).
+Barriers: the pipeline's mbarriers; TileLang's own shared-memory syncs are off
+(``PASS_CONFIGS``), so P's and O's tiles are ordered by ``NamedBarrier``:
+  FP8_P_WG1 / FP8_P_WG2  a warpgroup's 128 threads wrote its 64 rows of P (each warpgroup's
+                         PV GEMM reads only its own rows, so the two never wait for each other;
+                         TileLang's 256-thread syncs ran them in lockstep: 1.16–1.22 × slower)
+  FP8_O_TILE             both warpgroups (256) wrote O, before its TMA store
+Shared memory at D 128 (bm 128, bn 256, 2 stages, 1-byte elements, no reuse): Q 16 KB, K and
+Vᵀ rings 128 KB, P 32 KB, O (bf16) 32 KB: 208 KB.
 
 ``quantize(q, k, v, hadamard=)`` makes the inputs from bf16 / fp16 ones: per-(batch, KV head)
 descales, and optionally FA3's incoherent processing (q and k rotated by one random-sign
@@ -29,12 +35,16 @@ import functools
 import math
 from dataclasses import dataclass
 
+import tilelang
 import tilelang.language as T
 import torch
+import triton
+import triton.language as tl
 
 from ws_lab.check import Support, head_dims_supported, require_device, validate_attention_inputs
 from ws_lab.kernels import LOG2E
-from ws_lab.kernels.fwd.pipelined import Config  # the same tiles and launch order
+from ws_lab.kernels.fwd.barriers import NamedBarrier
+from ws_lab.kernels.fwd.pipelined import Config  # its tile fields and launch order
 from ws_lab.kernels.fwd.softmax import alloc_softmax_state, normalize_o, online_softmax, score_mask
 from ws_lab.kernels.fwd.tile_scheduler import qtile_grid
 from ws_lab.target import compile_sm90a
@@ -44,12 +54,19 @@ TL_FP8 = "float8_e4m3fn"
 INPUT_DTYPE = TL_FP8  # what ``python -m ws_lab.emit fp8`` reports (the shape's dtype is unused)
 OUT_DTYPE = torch.bfloat16
 HEAD_DIMS = ((64, 64), (128, 128))
+# TileLang's shared-memory syncs off (the kernel's named barriers order P and O; notes/fp8.md,
+# "Session 38"), reuse off with them (tilelang #2416), and fast math (bare ex2.approx)
+PASS_CONFIGS = {tilelang.PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True,
+                tilelang.PassConfigKey.TL_DISABLE_SHARED_MEMORY_REUSE: True,
+                tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True}
 
 
 def config_for(causal: bool) -> Config:
-    """The bf16 pipelined kernel's tiles with a second stage (the e4m3 tiles are half the
-    bytes); no other tiles measured yet."""
-    return Config(128, 128, 256, 2, heavy_first=causal)
+    """128 query rows, 256 keys a block, 2 stages: of bn 128 / 192 / 224 / 256 (2 stages) and
+    bn 128 (3 stages) the fastest on all four hd128 rows: 1.10–1.15 × bn 128 on the full
+    ones, 1.00–1.04 × on the causal ones (notes/fp8.md, "Session 38"). D 64 takes the same
+    tiles, not measured."""
+    return Config(128, 256, 256, 2, heavy_first=causal)
 
 
 def padded_len(seq_len: int, block_n: int) -> int:
@@ -101,6 +118,8 @@ def flash_fwd_fp8(batch, seq_len, heads, kv_heads, head_dim, causal, softmax_sca
                 # P through shared memory: TileLang lays e4m3 P out as no RS operand (module
                 # docstring); Vᵀ is K-major, as FP8 wgmma needs
                 T.copy(p, p_s)
+                T.fence_proxy_async()
+                T.sync_threads(NamedBarrier.FP8_P_WG1 + T.get_thread_binding() // 128, 128)
                 T.copy(Vt[bz, kvh, :, kb * bn:(kb + 1) * bn], vt_s)
                 T.gemm(p_s, vt_s, acc_o, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
 
@@ -108,6 +127,8 @@ def flash_fwd_fp8(batch, seq_len, heads, kv_heads, head_dim, causal, softmax_sca
             for i, j in T.Parallel(bm, head_dim):
                 acc_o[i, j] *= VDescale[bz, kvh]
             T.copy(acc_o, o_s)
+            T.fence_proxy_async()
+            T.sync_threads(NamedBarrier.FP8_O_TILE, 256)
             T.copy(o_s, Out[bz, bx * bm:(bx + 1) * bm, by, :])
             if with_lse:  # ln Σ exp(s·scale) = (max·scale·log2 e + log2 Σ) / log2 e
                 for i in T.Parallel(bm):
@@ -143,15 +164,40 @@ def flash_fwd_fp8(batch, seq_len, heads, kv_heads, head_dim, causal, softmax_sca
 
 @functools.lru_cache(maxsize=None)
 def compiled(*args):
-    return compile_sm90a(flash_fwd_fp8(*args))
+    return compile_sm90a(flash_fwd_fp8(*args), PASS_CONFIGS)
+
+
+TRANSPOSE_KEYS = 64  # keys a program of ``transpose_v`` moves (all Dv of them)
+
+
+@triton.jit
+def _transpose_v_kernel(V, Vt, seq_len, seq_pad, kv_heads, stride_b, stride_s, stride_h,
+                        DV: tl.constexpr, KEYS: tl.constexpr):
+    """Vᵀ[b, h, :, s0:s0 + KEYS] = V[b, s0:s0 + KEYS, h, :]ᵀ, bytes (e4m3 viewed as uint8);
+    zeros for keys in [S, S_pad). Loads run along Dv, stores along the keys."""
+    s0 = tl.program_id(0) * KEYS
+    bh = tl.program_id(1).to(tl.int64)  # 64-bit: the batch offsets may pass 2^31
+    b, h = bh // kv_heads, bh % kv_heads
+    keys = s0 + tl.arange(0, KEYS)
+    dims = tl.arange(0, DV)
+    tile = tl.load(V + b * stride_b + h * stride_h + keys[:, None] * stride_s + dims[None, :],
+                   mask=keys[:, None] < seq_len, other=0)
+    tl.store(Vt + bh * DV * seq_pad + dims[:, None] * seq_pad + keys[None, :], tl.trans(tile),
+             mask=keys[None, :] < seq_pad)
 
 
 def transpose_v(v: torch.Tensor, block_n: int) -> torch.Tensor:
-    """v (B, S, Hkv, Dv) -> Vᵀ (B, Hkv, Dv, S_pad), the key columns past S zero."""
+    """v (B, S, Hkv, Dv), Dv contiguous -> Vᵀ (B, Hkv, Dv, S_pad), the key columns past S zero:
+    one Triton pass at copy speed (torch's strided e4m3 copy ran at ~0.1 TB/s, 5–15 % of the
+    call; notes/fp8.md, "Session 38")."""
     batch, seq_len, kv_heads, head_dim_v = v.shape
-    vt = torch.zeros(batch, kv_heads, head_dim_v, padded_len(seq_len, block_n), dtype=v.dtype,
-                     device=v.device)
-    vt[..., :seq_len] = v.permute(0, 2, 3, 1)
+    seq_pad = padded_len(seq_len, block_n)
+    vt = torch.empty(batch, kv_heads, head_dim_v, seq_pad, dtype=v.dtype, device=v.device)
+    src = v.view(torch.uint8)
+    grid = (triton.cdiv(seq_pad, TRANSPOSE_KEYS), batch * kv_heads)
+    _transpose_v_kernel[grid](src, vt.view(torch.uint8), seq_len, seq_pad, kv_heads,
+                              src.stride(0), src.stride(1), src.stride(2), DV=head_dim_v,
+                              KEYS=TRANSPOSE_KEYS)
     return vt
 
 

@@ -81,6 +81,7 @@ def main():
     _linear_cases(results)
     _sampling_cases(results)
     _rollout_step_cases(results)
+    _fp8_transpose_cases(results)
     # the in-kernel merge ran and left its arrival counters zeroed for the next call: [sum, 0]
     counters = triton_common.cached_arrival_counters()
     results["paged-arrival-counters-reset"] = [
@@ -135,6 +136,25 @@ def _select_kernel(X, Slot, n, K: tl.constexpr, N_PAD: tl.constexpr, SHIFT: tl.c
     tau, n_above = kth_largest_key(keys, K, key_min, key_max.to(tl.int64) + 1)
     keep, slot = first_k(keys, K, tau, n_above)
     tl.store(Slot + i, tl.where(keep, slot, -1), mask=i < n)
+
+
+# the FP8 forward's Vᵀ pass (B, S, Hkv, Dv, block_n): S_pad = S rounded up to block_n
+FP8_TRANSPOSE = [(2, 5, 3, 64, 4), (1, 130, 2, 128, 256)]
+
+
+def _fp8_transpose_cases(results):
+    """fp8.transpose_v is V permuted, bit for bit, with zeros in the padded keys: [0, 0]."""
+    import torch
+
+    from ws_lab.kernels.fwd import fp8
+
+    for b, s, h, dv, block_n in FP8_TRANSPOSE:
+        v = torch.randn(b, s, h, dv).to(fp8.FP8)
+        vt = fp8.transpose_v(v, block_n)
+        want = torch.zeros(b, h, dv, -(-s // block_n) * block_n, dtype=torch.uint8)
+        want[..., :s] = v.view(torch.uint8).permute(0, 2, 3, 1)
+        exact = vt.dtype == fp8.FP8 and torch.equal(vt.view(torch.uint8), want)
+        results[f"fp8-transpose-v-B{b}-S{s}-H{h}-D{dv}-bn{block_n}"] = [0.0 if exact else 1.0, 0.0]
 
 
 def _rollout_step_cases(results):

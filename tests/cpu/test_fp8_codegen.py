@@ -1,8 +1,10 @@
 """The FP8 forward (kernels/fwd/fp8.py) on a CPU: it lowers for sm_90a and compiles as its
 docstring says (both GEMMs on e4m3 wgmma (QGMMA) from shared memory, P through shared memory,
-Vᵀ K-major, the producer / consumer register split, no spill); bad inputs are refused before a
-launch; ``quantize`` and its Hadamard option do what they say, measured with the float64
+Vᵀ K-major, the producer / consumer register split, no spill, the kernel's own barriers
+only); bad inputs are refused before a
+launch (Vᵀ's Triton pass: tests/cpu/interpret_cases.py); ``quantize`` and its Hadamard option do what they say, measured with the float64
 oracle."""
+import re
 import shutil
 
 import pytest
@@ -10,6 +12,7 @@ import torch
 
 from ws_lab import emit, oracle, shapes
 from ws_lab.kernels.fwd import fp8
+from ws_lab.kernels.fwd.barriers import NamedBarrier
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 
@@ -19,7 +22,7 @@ needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not o
 def test_fp8_forward_compiles_to_e4m3_wgmma_without_spills(tmp_path, head_dim, causal, seq_len):
     shape = shapes.Shape("fp8-codegen", 2, 8, 2, seq_len, head_dim, head_dim, causal,
                          "bfloat16")
-    emitted = emit.lower_variant("fp8", shape, fp8.prim_func_for(shape), None)
+    emitted = emit.lower_variant("fp8", shape, fp8.prim_func_for(shape), fp8.PASS_CONFIGS)
     summary = emit.inspect(emitted, tmp_path)
     cfg = fp8.config_for(causal)
     # a warpgroup's 64 rows a GEMM; K = 32 e4m3 a wgmma: Q Kᵀ over D, P Vᵀᵀ over the block
@@ -30,14 +33,13 @@ def test_fp8_forward_compiles_to_e4m3_wgmma_without_spills(tmp_path, head_dim, c
     assert sorted(set(summary.setmaxnreg)) == ["DEALLOC 24", "TRY_ALLOC 240"]
     assert summary.spill_bytes == 0 and summary.stack_frame == 0, summary.format()
     assert "mma_sync" not in emitted.source and "ldmatrix" not in emitted.source
-
-
-def test_transpose_v_pads_the_keys_with_zeros():
-    v = torch.randn(2, 5, 3, 64).to(fp8.FP8)
-    vt = fp8.transpose_v(v, 4)
-    assert vt.shape == (2, 3, 64, 8) and vt.dtype == fp8.FP8
-    assert torch.equal(vt[..., :5].float(), v.permute(0, 2, 3, 1).float())
-    assert not vt[..., 5:].float().any()
+    # the kernel's own barriers only: each warpgroup waits for its 128 threads' P, and all 256
+    # consumer threads for O before its TMA store; none of TileLang's consumer-wide syncs
+    syncs = re.findall(r"__sync_thread_partial\(([^;]*)\);", emitted.source)
+    # (the consumers are threads 128–383: warpgroup w's id is threadIdx.x / 128 − 1 + WG1's)
+    syncs = [s.replace(" ", "") for s in syncs]
+    assert syncs == [f"((((int)threadIdx.x)>>7)+{NamedBarrier.FP8_P_WG1 - 1}),128",
+                     f"{NamedBarrier.FP8_O_TILE},256"], syncs
 
 
 def test_fp8_forward_refuses_bad_inputs_before_a_launch():
