@@ -1,7 +1,7 @@
 """The FP8 forward's suite for the one runner (``ws_lab.bench``): ``python bench/coop.py --dtype
 fp8``. Each rotating bf16 input set (``bench.input_sets``) is quantised once
 (``fp8.quantize``: e4m3 with per-(B, Hkv) descales), and every FP8 implementation runs on those
-same bytes and descales: the lab's FP8 kernel, FA3's own FP8 forward (``fa3-fp8``) and TileOPs'
+same bytes and descales: the lab's FP8 kernels (``fp8``, ``fp8-coop``), FA3's own FP8 forward (``fa3-fp8``) and TileOPs'
 FP8 op (``tileops-fp8``). Beside them the lab's persistent bf16 kernel and FA3's bf16 forward
 (``fa3``) run on the bf16 sets the FP8 ones came from: the ×FA3 column of an FP8 row is its
 FP8 ÷ bf16 speed-up. rel-err: an FP8 row's against the float64 oracle on its dequantised
@@ -17,18 +17,20 @@ from typing import Callable
 from ws_lab import bench, floors, registry, shapes
 
 PEERS = ["fa3-fp8", "tileops-fp8", "fa3", "coop-overlap-persistent"]
-FP8_IMPLS = ("fp8", "fa3-fp8", "tileops-fp8")
+PEER_FP8_IMPLS = ("fa3-fp8", "tileops-fp8")
 SOURCE_DTYPE = "bfloat16"  # the input sets the e4m3 ones are quantised from
 
 
-def _lab_impl():
-    kernel = registry.get("fp8").module_object()
+def _lab_impl(name: str):
+    registered = registry.get(name)
+    attention_fp8 = registered.fp8_attention
 
     def make(z, causal):
         import torch
 
-        out = torch.full(z.q.shape, float("nan"), dtype=kernel.OUT_DTYPE, device=z.q.device)
-        return lambda: kernel.attention_fp8(z.q, z.k, z.v, causal, out=out, **z.descales())
+        out = torch.full(z.q.shape, float("nan"), dtype=registered.module_object().OUT_DTYPE,
+                         device=z.q.device)
+        return lambda: attention_fp8(z.q, z.k, z.v, causal, out=out, **z.descales())
 
     return make
 
@@ -58,9 +60,11 @@ def _tileops_fp8_impl():
 
 
 def implementations(lab_kernels: list[str]) -> dict[str, Callable]:
+    """The lab's FP8 kernels (``lab_kernels``), the FP8 peers, and the bf16 pair."""
     bf16 = bench.implementations(["coop-overlap-persistent"])
-    return {"fp8": _lab_impl(), "fa3-fp8": _fa3_fp8_impl(), "tileops-fp8": _tileops_fp8_impl(),
-            "fa3": bf16["fa3"], "coop-overlap-persistent": bf16["coop-overlap-persistent"]}
+    return {**{name: _lab_impl(name) for name in lab_kernels}, "fa3-fp8": _fa3_fp8_impl(),
+            "tileops-fp8": _tileops_fp8_impl(), "fa3": bf16["fa3"],
+            "coop-overlap-persistent": bf16["coop-overlap-persistent"]}
 
 
 def measure(shape: shapes.Shape, impls: dict[str, Callable], is_lab: set[str],
@@ -78,7 +82,7 @@ def measure(shape: shapes.Shape, impls: dict[str, Callable], is_lab: set[str],
     rows, timed = [], {}
     for name, make in impls.items():
         row = bench.Row(name, shape.name, shape.seq_len, mask, "fp8")
-        if name in FP8_IMPLS:
+        if name in PEER_FP8_IMPLS or (name in is_lab and registry.get(name).kind == "fp8"):
             calls, ref = (lambda make=make: [make(z, shape.causal) for z in quantised]), refs["fp8"]
         else:
             calls, ref = (lambda make=make: [make(*s, shape.causal) for s in sets]), refs["bf16"]

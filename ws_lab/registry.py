@@ -37,6 +37,13 @@ class Kernel:
         return functools.partial(self._mod().attention, **dict(self.options))
 
     @property
+    def fp8_attention(self) -> Callable:
+        """An FP8 kernel's op: e4m3 q, k, v with (B, Hkv) descales (its module's
+        ``attention_fp8``, this variant's options bound)."""
+        self._require("fp8")
+        return functools.partial(self._mod().attention_fp8, **dict(self.options))
+
+    @property
     def backward(self) -> Callable:
         self._require("bwd")
         return functools.partial(self._mod().attention_bwd, **dict(self.options))
@@ -86,6 +93,7 @@ _register("largehdv", "ws_lab.kernels.fwd.largehdv")
 _register("triton-mha", "ws_lab.kernels.fwd.triton_mha")
 _register("bwd-pipelined", "ws_lab.kernels.bwd.pipelined", kind="bwd")
 _register("fp8", "ws_lab.kernels.fwd.fp8", kind="fp8")
+_register("fp8-coop", "ws_lab.kernels.fwd.fp8", kind="fp8", design="coop-overlap")
 
 
 def get(name: str) -> Kernel:

@@ -35,3 +35,4 @@ class NamedBarrier(IntEnum):
 
 WARP_SCHEDULERS = (NamedBarrier.WARP_SCHEDULER_WG1, NamedBarrier.WARP_SCHEDULER_WG2)
 EPILOGUES = (NamedBarrier.EPILOGUE_WG1, NamedBarrier.EPILOGUE_WG2)
+FP8_P_BARRIERS = (NamedBarrier.FP8_P_WG1, NamedBarrier.FP8_P_WG2)

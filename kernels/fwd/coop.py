@@ -47,6 +47,15 @@ barriers: lane 0 of each of the peer's 8 consumer warps arrives remotely too, as
 Shared memory (2-byte elements, stages s, block_n bn): Q 128·D + s·bn·(D + Dv); O reuses Q.
   D 64: 16 + 2·128·128 B = 80 KB; D 128: 32 + 128 = 160 KB (bn 128, s 2);
   D 256: 64 + 2·64·512 B = 192 KB (bn 64, s 2). Persistent: Q twice, D 64 96 KB, D 128 192 KB.
+FP8 (``dtype`` "float8_e4m3fn", the non-persistent grid; ``kernels/fwd/fp8.py``'s "coop-overlap"
+design): Q and K e4m3, V given as Vᵀ (B, Hkv, Dv, S_pad) so its (Dv, bn) block is K-major as
+e4m3 wgmma needs, the (B, Hkv) descales of Q and K folded into the softmax scale at run time
+(``SoftmaxState.scale_log2``) and V's into O. TileLang 0.1.15 lays e4m3 P out as no RS operand,
+so each warpgroup stores its P to a tile of its own (``KVStages.p_s``, 2 × 64 × bn), fences and
+waits on its 128 threads' barrier (``NamedBarrier.FP8_P_WG1/2``) before its SS PV GEMM; the
+other warpgroup never waits for it. O (bf16) leaves through its own tile (2 × 64 × Dv), Q's
+e4m3 slot being half its size. Shared memory at D 128, bn 128: Q 16 + K/V 64 + P 16 + O 32 KB
+(+ 4 KB of anchors) = 132 KB.
 TileLang's automatic barrier insertion is off (``tl.disable_thread_storage_sync``): it would put
 ``__syncthreads()`` where only some warpgroups arrive. Its shared-memory reuse is off too
 (``tl.disable_shared_memory_reuse``): without those syncs, reusing a buffer's bytes for another
@@ -54,6 +63,7 @@ is a race (tilelang #2416); the one reuse here, O into Q, is explicit and per wa
 """
 
 import contextlib
+import dataclasses
 import functools
 import inspect
 import math
@@ -68,7 +78,7 @@ from tilelang.layout import make_swizzled_layout
 from ws_lab import postproc
 from ws_lab.check import Support, head_dims_supported, validate_attention_inputs
 from ws_lab.kernels import LOG2E
-from ws_lab.kernels.fwd.barriers import EPILOGUES, WARP_SCHEDULERS, NamedBarrier
+from ws_lab.kernels.fwd.barriers import EPILOGUES, FP8_P_BARRIERS, WARP_SCHEDULERS, NamedBarrier
 from ws_lab.kernels.fwd.pipeline import KVRing
 from ws_lab.kernels.fwd.softmax import (SoftmaxState, alloc_softmax_state, normalize_o,
                                         online_softmax, score_mask)
@@ -79,6 +89,7 @@ from ws_lab.shapes import Shape
 from ws_lab.target import H100_L2_BYTES, H100_SMS, compile_sm90a
 
 BLOCK_M = 128  # two consumer warpgroups × 64 rows
+FP8_DTYPE = "float8_e4m3fn"  # the dtype that makes coop_fwd the FP8 kernel
 HALF = BLOCK_M // 2
 CONSUMER_THREADS = 256
 PRODUCER_WARP = 32
@@ -126,14 +137,28 @@ class KVStages:
     k_empty: object
     v_full: object
     v_empty: object
+    p_s: object = None  # FP8: each warpgroup's P tile, the PV GEMM's A operand (2, 64, bn)
 
 
-def kv_producer(bn: int, stages: int, v_parts: int = 1, cluster: int = 1):
+@dataclass(frozen=True)
+class Fp8Epilogue:
+    """What an FP8 kernel's consumer needs beyond the bf16 one's: the (B, Hkv) descales (Q's
+    and K's fold into the softmax scale, V's into O) and O's own bf16 staging tile (2, 64, Dv):
+    Q's e4m3 slot is half its size, so O cannot reuse it."""
+    q_descale: object
+    k_descale: object
+    v_descale: object
+    o_s: object
+
+
+def kv_producer(bn: int, stages: int, v_parts: int = 1, cluster: int = 1,
+                v_transposed: bool = False):
     """The producer warp's KV loop, shared by every WS kernel of the lab: per block, wait for
     the stage to be free, TMA K into k_s[stage] and V into v_s[stage] (in ``v_parts`` column
     slices v_s[stage, part] when a consumer warpgroup owns each slice, as in largehdv).
     ``cluster`` 2: the pair's rank-0 CTA multicasts each load into both CTAs (the stage's empty
-    barrier then counts the peer's consumer warps too); the other CTA only expects the bytes."""
+    barrier then counts the peer's consumer warps too); the other CTA only expects the bytes.
+    ``v_transposed`` (FP8): V is Vᵀ (B, Hkv, Dv, S_pad) and v_s[stage] its (Dv, bn) block."""
     mask = (1 << cluster) - 1 if cluster > 1 else None
     ring = KVRing(stages)
 
@@ -146,7 +171,10 @@ def kv_producer(bn: int, stages: int, v_parts: int = 1, cluster: int = 1):
                        barrier=kv.k_full[stage], cluster_mask=mask)
             T.mbarrier_arrive(kv.k_full[stage])
             T.mbarrier_wait_parity(kv.v_empty[stage], phase ^ 1)
-            if v_parts == 1:
+            if v_transposed:
+                T.tma_copy(V[b, kv_head, :, kb * bn:(kb + 1) * bn], kv.v_s[stage, :, :],
+                           barrier=kv.v_full[stage], cluster_mask=mask)
+            elif v_parts == 1:
                 T.tma_copy(V[b, kb * bn:(kb + 1) * bn, kv_head, :], kv.v_s[stage, :, :],
                            barrier=kv.v_full[stage], cluster_mask=mask)
             else:
@@ -186,7 +214,15 @@ class MainloopContext:
     mask: Callable  # score_mask's macro: mask(acc_s, kb, row0)
     issue_qk: Callable  # issue_qk(wg, q_s, slot, kv, stage, phase, acc_s)
     release: Callable  # release(empty, stage)
+    issue_pv: Callable  # issue_pv(wg, st, kv, stage, clear): O (+)= P V of the stage, no wait
+    # commit_p(wg, st, kv): P (in registers) made readable by issue_pv; None where issue_pv
+    # reads the registers themselves (RS)
+    commit_p: Callable | None = None
     schedulers: tuple = WARP_SCHEDULERS
+
+    def scale(self, st: SoftmaxState):
+        """scale·log2 e for the softmax of ``st``'s tile (FP8: the run-time descaled one)."""
+        return self.scale_log2 if st.scale_log2 is None else st.scale_log2[0]
 
 
 @dataclass(frozen=True)
@@ -226,10 +262,12 @@ def serial_mainloop(t: MainloopContext) -> Mainloop:
             t.mask(st.acc_s, kb, row0)
             online_softmax(st.acc_s, st.p, st.acc_o, st.row_max, st.row_max_prev,
                            st.row_rescale, st.block_sum, st.row_sum, HALF, t.bn, t.head_dim_v,
-                           t.scale_log2)
+                           t.scale(st))
+            if t.commit_p is not None:
+                t.commit_p(wg, st, kv)
 
             T.mbarrier_wait_parity(kv.v_full[stage], phase)
-            T.wgmma_gemm(st.p, kv.v_s[stage, :, :], st.acc_o, clear_accum=False)
+            t.issue_pv(wg, st, kv, stage, False)
             T.wait_wgmma(0)
             T.warpgroup_fence_operand(st.acc_o, num_regs=t.o_regs)
             t.release(kv.v_empty, stage)
@@ -245,6 +283,7 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
     KV loop."""
     bn, stages = cfg.block_n, cfg.num_stages
     group = heads // kv_heads
+    fp8 = dtype == FP8_DTYPE
     scale_log2 = softmax_scale * LOG2E
     accum = "float"
     neg_inf = -T.infinity(accum)
@@ -271,10 +310,32 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
             if T.get_thread_binding() % 32 == 0:
                 T.mbarrier_arrive(empty[stage], 1 - T.block_rank_in_cluster())
 
+    @T.macro
+    def issue_pv(wg, st: SoftmaxState, kv: KVStages, stage, clear):
+        """O (+)= P V: P from registers (RS), V as stored."""
+        T.wgmma_gemm(st.p, kv.v_s[stage, :, :], st.acc_o, clear_accum=clear)
+
+    @T.macro
+    def issue_pv_fp8(wg, st: SoftmaxState, kv: KVStages, stage, clear):
+        """O (+)= P Vᵀᵀ on e4m3 wgmma: both operands K-major from shared memory (P's tile of
+        this warpgroup, the stage's Vᵀ block)."""
+        T.wgmma_gemm(kv.p_s[wg, :, :], kv.v_s[stage, :, :], st.acc_o, transpose_B=True,
+                     clear_accum=clear)
+
+    @T.macro
+    def commit_p_fp8(wg, st: SoftmaxState, kv: KVStages):
+        """P (e4m3 registers) → this warpgroup's tile → fence.proxy.async → its 128 threads'
+        barrier: only this warpgroup's PV GEMM reads the tile, so the other never waits."""
+        T.copy(st.p, kv.p_s[wg, :, :])
+        T.fence_proxy_async()
+        T.sync_threads(FP8_P_BARRIERS[wg], 128)
+
     t = MainloopContext(bn=bn, ring=KVRing(stages), pingpong=cfg.pingpong, causal=causal,
                         seq_len=seq_len, s_regs=HALF * bn // 128, o_regs=HALF * head_dim_v // 128,
-                        p_regs=HALF * bn // 256, head_dim_v=head_dim_v, scale_log2=scale_log2,
-                        mask=mask, issue_qk=issue_qk, release=release)
+                        p_regs=HALF * bn // (128 if fp8 else 256), head_dim_v=head_dim_v,
+                        scale_log2=scale_log2, mask=mask, issue_qk=issue_qk, release=release,
+                        issue_pv=issue_pv_fp8 if fp8 else issue_pv,
+                        commit_p=commit_p_fp8 if fp8 else None)
     loop = mainloop_factory(t)
     if cfg.cluster not in (1, 2) or (cfg.cluster == 2 and not cfg.persistent):
         raise ValueError(f"cluster={cfg.cluster}: the persistent kernel runs CTA pairs (2) or "
@@ -285,14 +346,22 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
     if cfg.persistent and not loop.runs_persistent:
         raise ValueError("the persistent kernel needs a mainloop whose last PV can share an issue "
                          "turn with the next tile's first QK (kernels.coop_overlap)")
-    produce_kv = kv_producer(bn, stages, cluster=cfg.cluster)
+    if fp8 and cfg.persistent:
+        raise ValueError("the FP8 coop kernel runs the non-persistent grid only")
+    produce_kv = kv_producer(bn, stages, cluster=cfg.cluster, v_transposed=fp8)
 
     @T.macro
-    def epilogue(wg, st: SoftmaxState, q_s, slot, q_empty, out_tile):
+    def epilogue(wg, st: SoftmaxState, q_s, slot, q_empty, out_tile, f8: Fp8Epilogue, kvh, b):
         """O / l → this warpgroup's half of the tile's Q slot (its last QK GEMM has retired)
-        → TMA store; persistent: hand the slot back once the store has read it."""
+        → TMA store; persistent: hand the slot back once the store has read it. FP8: O · V's
+        descale → its own bf16 tile → TMA store."""
         normalize_o(st.acc_o, st.row_sum, st.row_rescale, HALF, head_dim_v)
-        store_o(st.acc_o, q_s[slot, wg, :, :], out_tile, EPILOGUES[wg])
+        if fp8:
+            for i, j in T.Parallel(HALF, head_dim_v):
+                st.acc_o[i, j] *= f8.v_descale[b, kvh]
+            store_o(st.acc_o, f8.o_s[wg, :, :], out_tile, EPILOGUES[wg])
+        else:
+            store_o(st.acc_o, q_s[slot, wg, :, :], out_tile, EPILOGUES[wg])
         if cfg.persistent:
             # the store's TMA has read the slot (its issuing thread waited): hand it back
             T.sync_threads(EPILOGUES[wg], 128)
@@ -308,17 +377,23 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
         T.fill(st.row_max, neg_inf)
 
     @T.macro
-    def consumer(wg, Out, q_s, kv: KVStages, q_full, qt, head, b, loop_range):
+    def consumer(wg, Out, q_s, kv: KVStages, q_full, qt, head, b, loop_range,
+                 f8: Fp8Epilogue = None):
         """One consumer warpgroup's tile (the non-persistent grid)."""
         row0 = qt * BLOCK_M + wg * HALF  # first query row of this warpgroup
         st = alloc_softmax_state(HALF, bn, head_dim_v, dtype)
+        if fp8:  # the scores' scale·log2 e with Q's and K's descales folded in (FA3's way)
+            descaled = T.alloc_local([1], accum)
+            descaled[0] = scale_log2 * f8.q_descale[b, head // group] * f8.k_descale[
+                b, head // group]
+            st = dataclasses.replace(st, scale_log2=descaled)
         reset_rows(st)
         T.mbarrier_wait_parity(q_full[0], 0)
         if cfg.pingpong and wg == 1:
             # WG1 goes first: WG2 pre-pays its arrival on WG1's scheduler barrier.
             T.named_barrier_arrive(WARP_SCHEDULERS[0], CONSUMER_THREADS)
         loop.tile(wg, row0, q_s, kv, loop_range, st, 0, 0)
-        epilogue(wg, st, q_s, 0, None, Out[b, row0:row0 + HALF, head, :])
+        epilogue(wg, st, q_s, 0, None, Out[b, row0:row0 + HALF, head, :], f8, head // group, b)
 
     @T.macro
     def producer(Q, K, V, q_s, kv: KVStages, q_full, q_empty, qt, head, b, loop_range, slot=0,
@@ -335,7 +410,49 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
     def kv_blocks(qt):
         return T.min(n_kblocks, T.ceildiv((qt + 1) * BLOCK_M, bn)) if causal else n_kblocks
 
+    @T.macro
+    def regular_body(Q, K, V, Out, f8_descales):
+        """One CTA a tile: the buffers, the roles and their register budgets. FP8: V is Vᵀ,
+        each warpgroup has a P tile and O a bf16 tile of its own."""
+        grid, tile_of = qtile_grid(n_qtiles, heads, batch, cfg.heavy_first)
+        with T.Kernel(*grid, threads=CONSUMER_THREADS + 128) as (gx, gy, b):
+            qt, head = tile_of(gx, gy)
+            q_s = T.alloc_shared([1, 2, HALF, head_dim], dtype)
+            k_s = T.alloc_shared([stages, bn, head_dim], dtype)
+            v_s = T.alloc_shared([stages, head_dim_v, bn] if fp8 else [stages, bn, head_dim_v],
+                                 dtype)
+            T.annotate_layout({q_s: make_swizzled_layout(q_s), k_s: make_swizzled_layout(k_s),
+                               v_s: make_swizzled_layout(v_s)})
+            q_full = T.alloc_barrier(PRODUCER_WARP)
+            k_full = T.alloc_barrier([PRODUCER_WARP] * stages)
+            v_full = T.alloc_barrier([PRODUCER_WARP] * stages)
+            k_empty = T.alloc_barrier([CONSUMER_THREADS] * stages)
+            v_empty = T.alloc_barrier([CONSUMER_THREADS] * stages)
+            if fp8:
+                p_s = T.alloc_shared([2, HALF, bn], dtype)
+                o_s = T.alloc_shared([2, HALF, head_dim_v], "bfloat16")
+                kv = KVStages(k_s, v_s, k_full, k_empty, v_full, v_empty, p_s)
+                f8 = Fp8Epilogue(*f8_descales, o_s)
+            else:
+                kv = KVStages(k_s, v_s, k_full, k_empty, v_full, v_empty)
+                f8 = None
+            loop_range = kv_blocks(qt)
+            tx = T.get_thread_binding()
+            if tx >= CONSUMER_THREADS:
+                T.set_max_nreg(24, 0)
+                if tx < CONSUMER_THREADS + PRODUCER_WARP:
+                    producer(Q, K, V, q_s, kv, q_full, None, qt, head, b, loop_range)
+            elif tx < 128:
+                T.set_max_nreg(240, 1)
+                consumer(0, Out, q_s, kv, q_full, qt, head, b, loop_range, f8)
+            else:
+                T.set_max_nreg(240, 1)
+                consumer(1, Out, q_s, kv, q_full, qt, head, b, loop_range, f8)
+
     def regular_kernel():
+        if fp8:
+            return regular_kernel_fp8()
+
         @T.prim_func
         def main(
             Q: T.Tensor([batch, seq_len, heads, head_dim], dtype),
@@ -343,34 +460,29 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
             V: T.Tensor([batch, seq_len, kv_heads, head_dim_v], dtype),
             Out: T.Tensor([batch, seq_len, heads, head_dim_v], dtype),
         ):
-            grid, tile_of = qtile_grid(n_qtiles, heads, batch, cfg.heavy_first)
-            with T.Kernel(*grid, threads=CONSUMER_THREADS + 128) as (gx, gy, b):
-                qt, head = tile_of(gx, gy)
-                q_s = T.alloc_shared([1, 2, HALF, head_dim], dtype)
-                k_s = T.alloc_shared([stages, bn, head_dim], dtype)
-                v_s = T.alloc_shared([stages, bn, head_dim_v], dtype)
-                T.annotate_layout({q_s: make_swizzled_layout(q_s), k_s: make_swizzled_layout(k_s),
-                                   v_s: make_swizzled_layout(v_s)})
-                q_full = T.alloc_barrier(PRODUCER_WARP)
-                k_full = T.alloc_barrier([PRODUCER_WARP] * stages)
-                v_full = T.alloc_barrier([PRODUCER_WARP] * stages)
-                k_empty = T.alloc_barrier([CONSUMER_THREADS] * stages)
-                v_empty = T.alloc_barrier([CONSUMER_THREADS] * stages)
-                kv = KVStages(k_s, v_s, k_full, k_empty, v_full, v_empty)
-                loop_range = kv_blocks(qt)
-                tx = T.get_thread_binding()
-                if tx >= CONSUMER_THREADS:
-                    T.set_max_nreg(24, 0)
-                    if tx < CONSUMER_THREADS + PRODUCER_WARP:
-                        producer(Q, K, V, q_s, kv, q_full, None, qt, head, b, loop_range)
-                elif tx < 128:
-                    T.set_max_nreg(240, 1)
-                    consumer(0, Out, q_s, kv, q_full, qt, head, b, loop_range)
-                else:
-                    T.set_max_nreg(240, 1)
-                    consumer(1, Out, q_s, kv, q_full, qt, head, b, loop_range)
+            regular_body(Q, K, V, Out, None)
 
         return main
+
+    def regular_kernel_fp8():
+        seq_pad = (seq_len + bn - 1) // bn * bn
+
+        def descale_t():  # a fresh annotation per parameter (tests/upstream/test_shared_annotation.py)
+            return T.Tensor([batch, kv_heads], accum)
+
+        @T.prim_func
+        def main_fp8(
+            Q: T.Tensor([batch, seq_len, heads, head_dim], dtype),
+            K: T.Tensor([batch, seq_len, kv_heads, head_dim], dtype),
+            Vt: T.Tensor([batch, kv_heads, head_dim_v, seq_pad], dtype),
+            QDescale: descale_t(),
+            KDescale: descale_t(),
+            VDescale: descale_t(),
+            Out: T.Tensor([batch, seq_len, heads, head_dim_v], "bfloat16"),
+        ):
+            regular_body(Q, K, Vt, Out, (QDescale, KDescale, VDescale))
+
+        return main_fp8
 
     def persistent_kernel(num_ctas):
         """One CTA per SM (``num_ctas``) walks the ``PersistentScheduler``'s tiles (heads
@@ -402,7 +514,8 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
                 loop.blocks(wg, row0, q_s, kv, kv_blocks(qt), st, part_sum, i % 2, it0)
                 loop.drain_into_next(wg, q_s, q_full, kv, kv_blocks(qt), st, part_sum, it0,
                                      i + 1 < my_tiles, (i + 1) % 2, (i + 1) // 2)
-                epilogue(wg, st, q_s, i % 2, q_empty, Out[b, row0:row0 + HALF, head, :])
+                epilogue(wg, st, q_s, i % 2, q_empty, Out[b, row0:row0 + HALF, head, :], None,
+                         head // group, b)
                 it0 += kv_blocks(qt)
             T.wait_wgmma(0)  # the throwaway QK after the last tile
 

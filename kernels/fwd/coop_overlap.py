@@ -84,12 +84,12 @@ def _mainloop_factory(deferred_sums: bool, split_mask: bool, anchor_probs: bool,
         def row_stats(st: SoftmaxState, part_sum):
             if deferred_sums:
                 softmax_probs(st.acc_s, st.row_max, st.row_max_prev, st.row_rescale, HALF, t.bn,
-                              t.scale_log2)
+                              t.scale(st))
                 rescale_partial_sums(part_sum, st.row_rescale, HALF)
                 add_partial_sums(st.acc_s, part_sum, HALF, t.bn)
             else:
                 softmax_stats(st.acc_s, st.row_max, st.row_max_prev, st.row_rescale,
-                              st.block_sum, st.row_sum, HALF, t.bn, t.scale_log2)
+                              st.block_sum, st.row_sum, HALF, t.bn, t.scale(st))
 
         @T.macro
         def step(wg, kb, row0, mask, q_s, kv: KVStages, st: SoftmaxState, part_sum, slot, it0,
@@ -99,7 +99,7 @@ def _mainloop_factory(deferred_sums: bool, split_mask: bool, anchor_probs: bool,
             prev = ring.stage(it0 + kb - 1)
             t.issue_qk(wg, q_s, slot, kv, stage, ring.phase(it0 + kb), st.acc_s)
             T.mbarrier_wait_parity(kv.v_full[prev], ring.phase(it0 + kb - 1))
-            T.wgmma_gemm(st.p, kv.v_s[prev, :, :], st.acc_o, clear_accum=first_pv(kb - 1))
+            t.issue_pv(wg, st, kv, prev, first_pv(kb - 1))
             if t.pingpong:
                 T.named_barrier_arrive(t.schedulers[1 - wg], CONSUMER_THREADS)
             T.wait_wgmma(1)
@@ -116,6 +116,8 @@ def _mainloop_factory(deferred_sums: bool, split_mask: bool, anchor_probs: bool,
             T.warpgroup_fence_operand(st.p, num_regs=t.p_regs)
             t.release(kv.v_empty, prev)
             commit_probs(st.acc_s, st.p, st.acc_o, st.row_rescale, HALF, t.head_dim_v)
+            if t.commit_p is not None:  # PV_{kb-1} has retired: P's tile is free
+                t.commit_p(wg, st, kv)
 
         @T.macro
         def first_qk(wg, q_s, slot, kv: KVStages, acc_s, it0):
@@ -142,6 +144,8 @@ def _mainloop_factory(deferred_sums: bool, split_mask: bool, anchor_probs: bool,
                 T.copy(st.acc_s, st.p)  # O holds nothing yet: P_0's PV overwrites it
             else:
                 commit_probs(st.acc_s, st.p, st.acc_o, st.row_rescale, HALF, t.head_dim_v)
+            if t.commit_p is not None:
+                t.commit_p(wg, st, kv)
             wait_anchor = T.alloc_shared([HALF, ANCHOR_COLS], "float") if anchor_probs else None
             if split_mask:
                 unmasked = first_masked_block(t.causal, t.seq_len, t.bn, row0, loop_range)
@@ -155,12 +159,11 @@ def _mainloop_factory(deferred_sums: bool, split_mask: bool, anchor_probs: bool,
                     step(wg, kb, row0, t.mask, q_s, kv, st, part_sum, slot, it0, wait_anchor)
 
         @T.macro
-        def drain(kv: KVStages, loop_range, st: SoftmaxState, part_sum, it0):
+        def drain(wg, kv: KVStages, loop_range, st: SoftmaxState, part_sum, it0):
             """The tile's last PV, alone: issue, finish the row sums under it, wait."""
             last = ring.stage(it0 + loop_range - 1)
             T.mbarrier_wait_parity(kv.v_full[last], ring.phase(it0 + loop_range - 1))
-            T.wgmma_gemm(st.p, kv.v_s[last, :, :], st.acc_o,
-                         clear_accum=first_pv(loop_range - 1))
+            t.issue_pv(wg, st, kv, last, first_pv(loop_range - 1))
             if deferred_sums:
                 T.reduce_sum(part_sum, st.row_sum, dim=1)  # under the last PV GEMM
             T.wait_wgmma(0)
@@ -180,8 +183,7 @@ def _mainloop_factory(deferred_sums: bool, split_mask: bool, anchor_probs: bool,
             T.mbarrier_wait_parity(kv.v_full[last], ring.phase(it0 + loop_range - 1))
             if t.pingpong:
                 T.sync_threads(t.schedulers[wg], CONSUMER_THREADS)
-            T.wgmma_gemm(st.p, kv.v_s[last, :, :], st.acc_o,
-                         clear_accum=first_pv(loop_range - 1))
+            t.issue_pv(wg, st, kv, last, first_pv(loop_range - 1))
             if has_next:
                 T.mbarrier_wait_parity(q_full[next_slot], next_use % 2)
                 T.mbarrier_wait_parity(kv.k_full[ring.stage(nxt)], ring.phase(nxt))
@@ -201,7 +203,7 @@ def _mainloop_factory(deferred_sums: bool, split_mask: bool, anchor_probs: bool,
             part_sum = alloc_partial_sums(HALF, t.bn) if deferred_sums else None
             first_qk(wg, q_s, slot, kv, st.acc_s, it0)
             blocks(wg, row0, q_s, kv, loop_range, st, part_sum, slot, it0)
-            drain(kv, loop_range, st, part_sum, it0)
+            drain(wg, kv, loop_range, st, part_sum, it0)
 
         return coop.Mainloop(
             tile=tile, fills_o=not clear_first_pv, first_qk=first_qk, blocks=blocks,

@@ -27,6 +27,12 @@ Barriers: the pipeline's mbarriers; TileLang's own shared-memory syncs are off
 Shared memory at D 128 (bm 128, bn 256, 2 stages, 1-byte elements, no reuse): Q 16 KB, K and
 Vᵀ rings 128 KB, P 32 KB, O (bf16) 32 KB: 208 KB.
 
+A second design, ``design="coop-overlap"`` (registered as ``fp8-coop``): kernels/fwd/coop.py's
+explicit roles (FA3's: producer warp, two consumer warpgroups with pingpong) and
+coop_overlap.py's IntraWGOverlap mainloop on e4m3, P through a tile per warpgroup as here
+(coop.py's docstring has its barriers and shared memory). Lowered and compiled on the CPU
+(no spill); not yet run on a GPU (notes/fp8.md, "Session 38").
+
 ``quantize(q, k, v, hadamard=)`` makes the inputs from bf16 / fp16 ones: per-(batch, KV head)
 descales, and optionally FA3's incoherent processing (q and k rotated by one random-sign
 Hadamard matrix; notes/fp8.md has its measured effect on the quantisation error).
@@ -43,6 +49,7 @@ import triton.language as tl
 
 from ws_lab.check import Support, head_dims_supported, require_device, validate_attention_inputs
 from ws_lab.kernels import LOG2E
+from ws_lab.kernels.fwd import coop, coop_overlap
 from ws_lab.kernels.fwd.barriers import NamedBarrier
 from ws_lab.kernels.fwd.pipelined import Config  # its tile fields and launch order
 from ws_lab.kernels.fwd.softmax import alloc_softmax_state, normalize_o, online_softmax, score_mask
@@ -54,6 +61,7 @@ TL_FP8 = "float8_e4m3fn"
 INPUT_DTYPE = TL_FP8  # what ``python -m ws_lab.emit fp8`` reports (the shape's dtype is unused)
 OUT_DTYPE = torch.bfloat16
 HEAD_DIMS = ((64, 64), (128, 128))
+DESIGNS = ("pipelined", "coop-overlap")
 # TileLang's shared-memory syncs off (the kernel's named barriers order P and O; notes/fp8.md,
 # "Session 38"), reuse off with them (tilelang #2416), and fast math (bare ex2.approx)
 PASS_CONFIGS = {tilelang.PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True,
@@ -167,6 +175,21 @@ def compiled(*args):
     return compile_sm90a(flash_fwd_fp8(*args), PASS_CONFIGS)
 
 
+def coop_config_for(causal: bool) -> coop.Config:
+    """The coop-overlap design's tiles: bn 128 and 2 stages as the bf16 kernel's (132 KB of
+    shared memory at D 128; bn 192 and 256 also compile without spill), pingpong on; not yet
+    measured (notes/fp8.md, "Session 38")."""
+    return coop.Config(128, 2, True, heavy_first=causal)
+
+
+def compiled_coop(batch, seq_len, heads, kv_heads, head_dim, causal, softmax_scale,
+                  cfg: coop.Config):
+    """``coop.coop_fwd`` on e4m3 (Q, K, Vᵀ, the descales, bf16 O) with the IntraWGOverlap
+    mainloop, compiled under its post-processor passes."""
+    return coop.compiled(batch, seq_len, heads, kv_heads, head_dim, head_dim, causal,
+                         coop.FP8_DTYPE, softmax_scale, cfg, coop_overlap.overlap_mainloop())
+
+
 TRANSPOSE_KEYS = 64  # keys a program of ``transpose_v`` moves (all Dv of them)
 
 
@@ -202,11 +225,18 @@ def transpose_v(v: torch.Tensor, block_n: int) -> torch.Tensor:
 
 
 def attention_fp8(q, k, v, causal=False, softmax_scale=None, *, q_descale=None, k_descale=None,
-                  v_descale=None, out=None, return_lse=False):
+                  v_descale=None, out=None, return_lse=False, design: str = "pipelined"):
     """BSHD GQA forward on e4m3 inputs: q (B, S, Hq, D), k / v (B, S, Hkv, D) float8_e4m3fn,
     descales (B, Hkv) fp32 as FA3's interface takes them (None: 1), the true q is q · q_descale
     of its KV head's group. Returns bf16 out (B, S, Hq, D) (``out``: written in place), and with
-    ``return_lse`` the fp32 lse (B, Hq, S) of the descaled, scaled scores."""
+    ``return_lse`` the fp32 lse (B, Hq, S) of the descaled, scaled scores. ``design``:
+    "pipelined" (this file's kernel) or "coop-overlap" (kernels/fwd/coop.py's explicit roles
+    with coop_overlap's IntraWGOverlap mainloop, e4m3; no lse yet)."""
+    if design not in DESIGNS:
+        raise ValueError(f"design must be one of {DESIGNS}, got {design!r}")
+    if return_lse and design != "pipelined":
+        raise ValueError(f"return_lse needs design='pipelined' (the {design} kernel has no lse "
+                         "output yet)")
     dims = validate_attention_inputs(q, k, v, supported_head_dims=HEAD_DIMS, causal=causal,
                                      softmax_scale=softmax_scale, dtypes=(FP8,), devices="any")
     want = (dims.batch, dims.kv_heads)
@@ -225,9 +255,14 @@ def attention_fp8(q, k, v, causal=False, softmax_scale=None, *, q_descale=None, 
         raise ValueError(f"out must be a contiguous {OUT_DTYPE} tensor of q's shape "
                          f"{tuple(q.shape)} on {q.device}")
     require_device(q.device, "cuda")
-    cfg = config_for(bool(causal))
-    kernel = compiled(dims.batch, dims.seq_len, dims.heads, dims.kv_heads, dims.head_dim,
-                      bool(causal), dims.softmax_scale, cfg, *((True,) if return_lse else ()))
+    problem = (dims.batch, dims.seq_len, dims.heads, dims.kv_heads, dims.head_dim, bool(causal),
+               dims.softmax_scale)
+    if design == "pipelined":
+        cfg = config_for(bool(causal))
+        kernel = compiled(*problem, cfg, *((True,) if return_lse else ()))
+    else:
+        cfg = coop_config_for(bool(causal))
+        kernel = compiled_coop(*problem, cfg)
     out = torch.empty(q.shape, dtype=OUT_DTYPE, device=q.device) if out is None else out
     args = [q, k, transpose_v(v, cfg.block_n), *descales, out]
     if not return_lse:
@@ -309,12 +344,18 @@ def quantize(q, k, v, *, hadamard: bool = False, seed: int = 0) -> Quantized:
     return Quantized(q8, k8, v8, qd, kd, vd)
 
 
-def supports(shape) -> Support:
+def supports(shape, design: str = "pipelined") -> Support:
     return head_dims_supported(shape.head_dim, shape.head_dim_v, HEAD_DIMS)
 
 
-def prim_func_for(shape, config: Config | None = None):
-    """The prim_func for a named shape (``python -m ws_lab.emit`` and the CPU codegen checks)."""
-    return flash_fwd_fp8(shape.batch, shape.seq_len, shape.heads, shape.kv_heads,
-                         shape.head_dim, shape.causal, 1.0 / math.sqrt(shape.head_dim),
-                         config or config_for(shape.causal))
+def prim_func_for(shape, config=None, design: str = "pipelined"):
+    """The prim_func for a named shape (``python -m ws_lab.emit`` and the CPU codegen checks);
+    ``config``: the design's Config (``config_for`` / ``coop_config_for`` by default)."""
+    scale = 1.0 / math.sqrt(shape.head_dim)
+    if design == "pipelined":
+        return flash_fwd_fp8(shape.batch, shape.seq_len, shape.heads, shape.kv_heads,
+                             shape.head_dim, shape.causal, scale,
+                             config or config_for(shape.causal))
+    return coop.coop_fwd(shape.batch, shape.seq_len, shape.heads, shape.kv_heads,
+                         shape.head_dim, shape.head_dim, shape.causal, coop.FP8_DTYPE, scale,
+                         config or coop_config_for(shape.causal), coop_overlap.overlap_mainloop())

@@ -21,9 +21,12 @@ class SoftmaxState:
     row_rescale: object
     block_sum: object
     row_sum: object
+    # FP8: a local holding scale·log2 e with the tile's Q and K descales folded in (a run-time
+    # value); None: the kernel's trace-time scale
+    scale_log2: object = None
 
     def registers(self) -> tuple:
-        return tuple(getattr(self, f) for f in self.__dataclass_fields__)
+        return tuple(getattr(self, f) for f in self.__dataclass_fields__ if f != "scale_log2")
 
 
 @T.macro

@@ -210,9 +210,11 @@ def test_bwd_bench_without_a_gpu_writes_the_backwards_static_report(tmp_path):
 
 def test_coop_bench_in_fp8_writes_the_fp8_kernels_static_report(tmp_path):
     records, _ = _static_json(tmp_path, "bench/coop.py", "--dtype", "fp8")
-    assert [r["kernel"] for r in records] == ["fp8"]
-    assert "(causal, float8_e4m3fn)" in records[0]["report"]
-    assert "HGMMA: 64x128x32.F32.E4M3.E4M3 x8" in records[0]["report"]
+    assert [r["kernel"] for r in records] == ["fp8", "fp8-coop"]
+    for record in records:
+        assert "(causal, float8_e4m3fn)" in record["report"]
+        assert "HGMMA: 64x128x32.F32.E4M3.E4M3" in record["report"]
+    assert "64x256x32.F32.E4M3.E4M3 x4" in records[0]["report"]  # fp8's 256-key blocks
 
 
 def test_bench_scripts_import_the_checkout_they_run_from(tmp_path):

@@ -42,6 +42,35 @@ def test_fp8_forward_compiles_to_e4m3_wgmma_without_spills(tmp_path, head_dim, c
                      f"{NamedBarrier.FP8_O_TILE},256"], syncs
 
 
+@needs_nvcc
+@pytest.mark.parametrize("head_dim,causal,seq_len", [(128, False, 4096), (64, True, 127)])
+def test_the_coop_design_compiles_to_e4m3_wgmma_with_a_p_tile_per_warpgroup(
+        tmp_path, head_dim, causal, seq_len):
+    """kernels/fwd/coop.py on e4m3 (``design="coop-overlap"``): every GEMM an e4m3 wgmma from
+    shared memory, the explicit roles' register split, no spill; each warpgroup publishes its
+    P through its own tile and 128-thread barrier and issues its PV from that tile; O leaves
+    through a bf16 tile, V's descale applied."""
+    shape = shapes.Shape("fp8-codegen", 2, 8, 2, seq_len, head_dim, head_dim, causal,
+                         "bfloat16")
+    func = fp8.prim_func_for(shape, design="coop-overlap")
+    emitted = emit.lower_variant("fp8-coop", shape, func, fp8.coop.PASS_CONFIGS)
+    summary = emit.inspect(emitted, tmp_path)
+    assert summary.hgmma and all(k.endswith(".F32.E4M3.E4M3") for k in summary.hgmma), \
+        summary.format()
+    assert sorted(set(summary.setmaxnreg)) == ["DEALLOC 24", "TRY_ALLOC 240"]
+    assert summary.spill_bytes == 0 and summary.stack_frame == 0, summary.format()
+    source = emitted.source
+    for wg, barrier in enumerate((NamedBarrier.FP8_P_WG1, NamedBarrier.FP8_P_WG2)):
+        assert re.search(rf"fence_proxy_async\(\);\s*tl::__sync_thread_partial\({int(barrier)}, 128\)",
+                         source), f"warpgroup {wg + 1}'s P barrier"
+    p_operands = re.findall(r"initialize_wgmma_descriptor<[^>]*>\(desc_a_\d+, (.*?p_s.*?)\);",
+                            source)
+    wg2_offset = f"+ {64 * fp8.coop_config_for(causal).block_n})"  # bytes: 64 rows of e4m3 P
+    assert any(wg2_offset in d for d in p_operands), p_operands
+    assert any("+" not in d for d in p_operands), p_operands
+    assert "VDescale[" in source and "bfloat16_t*)o_s" in source
+
+
 def test_fp8_forward_refuses_bad_inputs_before_a_launch():
     q = torch.zeros(1, 8, 4, 128, dtype=fp8.FP8)
     kv = torch.zeros(1, 8, 2, 128, dtype=fp8.FP8)
@@ -55,6 +84,10 @@ def test_fp8_forward_refuses_bad_inputs_before_a_launch():
         fp8.attention_fp8(q[..., :32], kv[..., :32], kv[..., :32])
     with pytest.raises(ValueError, match="inputs must be CUDA tensors"):
         fp8.attention_fp8(q, kv, kv)
+    with pytest.raises(ValueError, match="design must be one of"):
+        fp8.attention_fp8(q, kv, kv, design="persistent")
+    with pytest.raises(ValueError, match="return_lse needs design='pipelined'"):
+        fp8.attention_fp8(q, kv, kv, return_lse=True, design="coop-overlap")
 
 
 def test_the_hadamard_rotation_is_orthogonal_and_keeps_every_score():
