@@ -10,7 +10,7 @@ import shutil
 import pytest
 import torch
 
-from ws_lab import emit, oracle, shapes
+from ws_lab import emit, oracle, registry, shapes
 from ws_lab.kernels.fwd import fp8
 from ws_lab.kernels.fwd.barriers import NamedBarrier
 
@@ -88,6 +88,18 @@ def test_fp8_forward_refuses_bad_inputs_before_a_launch():
         fp8.attention_fp8(q, kv, kv, design="persistent")
     with pytest.raises(ValueError, match="return_lse needs design='pipelined'"):
         fp8.attention_fp8(q, kv, kv, return_lse=True, design="coop-overlap")
+
+
+def test_the_registry_binds_each_fp8_design():
+    q = torch.zeros(1, 8, 4, 128, dtype=fp8.FP8)
+    kv = torch.zeros(1, 8, 2, 128, dtype=fp8.FP8)
+    coop_op = registry.get("fp8-coop").fp8_attention
+    assert coop_op.keywords == {"design": "coop-overlap"}
+    with pytest.raises(ValueError, match="return_lse needs design='pipelined'"):
+        coop_op(q, kv, kv, return_lse=True)
+    assert registry.get("fp8").fp8_attention.keywords == {}
+    with pytest.raises(TypeError, match="fp8 is a fp8 kernel, not a fwd one"):
+        registry.get("fp8").attention
 
 
 def test_the_hadamard_rotation_is_orthogonal_and_keeps_every_score():
