@@ -208,7 +208,7 @@ class MainloopContext:
     seq_len: int
     s_regs: int  # fp32 registers a thread holds of a 64 × bn accumulator
     o_regs: int
-    p_regs: int
+    p_regs: int  # 32-bit registers a thread holds of P (input dtype: e4m3 packs 4 a register)
     head_dim_v: int
     scale_log2: float
     mask: Callable  # score_mask's macro: mask(acc_s, kb, row0)
@@ -332,7 +332,7 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
 
     t = MainloopContext(bn=bn, ring=KVRing(stages), pingpong=cfg.pingpong, causal=causal,
                         seq_len=seq_len, s_regs=HALF * bn // 128, o_regs=HALF * head_dim_v // 128,
-                        p_regs=HALF * bn // (128 if fp8 else 256), head_dim_v=head_dim_v,
+                        p_regs=HALF * bn * (1 if fp8 else 2) // 512, head_dim_v=head_dim_v,
                         scale_log2=scale_log2, mask=mask, issue_qk=issue_qk, release=release,
                         issue_pv=issue_pv_fp8 if fp8 else issue_pv,
                         commit_p=commit_p_fp8 if fp8 else None)

@@ -69,6 +69,12 @@ def test_the_coop_design_compiles_to_e4m3_wgmma_with_a_p_tile_per_warpgroup(
     assert any(wg2_offset in d for d in p_operands), p_operands
     assert any("+" not in d for d in p_operands), p_operands
     assert "VDescale[" in source and "bfloat16_t*)o_s" in source
+    # P's register fences cover its e4m3 registers, not more: 64 × bn bytes over 128 threads
+    p_fences = re.findall(r"warpgroup_fence_operand\(reinterpret_cast<uint32_t\*>\(p \+ 0\), (\d+)\)",
+                          source)
+    block_n = fp8.coop_config_for(causal).block_n
+    assert set(p_fences) <= {str(64 * block_n // 512)}, p_fences
+    assert p_fences or seq_len <= block_n  # a single K/V block has no overlapped step
 
 
 def test_fp8_forward_refuses_bad_inputs_before_a_launch():
