@@ -467,7 +467,8 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
     def regular_kernel_fp8():
         seq_pad = (seq_len + bn - 1) // bn * bn
 
-        def descale_t():  # a fresh annotation per parameter (tests/upstream/test_shared_annotation.py)
+        # a fresh annotation per parameter (tests/upstream/test_shared_annotation.py)
+        def descale_t():
             return T.Tensor([batch, kv_heads], accum)
 
         @T.prim_func

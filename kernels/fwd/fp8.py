@@ -1,7 +1,7 @@
 """FP8 (e4m3) GQA forward (issue #48): e4m3 Q, K, V with FA3's descales, bf16 O and fp32 LSE.
 Correct on the H100 (tests/ws/test_fp8.py: its error and its quantisation error equal FA3
-FP8's); 0.87–0.93 × FA3 FP8's speed and level with TileOPs' FP8 op on the rows where FA3's
-timing is stable (notes/fp8.md, "Session 38").
+FP8's); 0.88–0.94 × FA3 FP8's speed on the rows where FA3's timing is stable and level with
+TileOPs' FP8 op (notes/fp8.md, "Session 38").
 
 FA3 counterpart: ``hopper/mainloop_fwd_sm90_tma_gmma_ws.hpp``'s FP8 path in what it computes
 (S = Q Kᵀ and O = P V on e4m3 wgmma, fp32 accumulators, the descales folded into the softmax
@@ -211,8 +211,8 @@ def _transpose_v_kernel(V, Vt, seq_len, seq_pad, kv_heads, stride_b, stride_s, s
 
 def transpose_v(v: torch.Tensor, block_n: int) -> torch.Tensor:
     """v (B, S, Hkv, Dv), Dv contiguous -> Vᵀ (B, Hkv, Dv, S_pad), the key columns past S zero:
-    one Triton pass at copy speed (torch's strided e4m3 copy ran at ~0.1 TB/s, 5–15 % of the
-    call; notes/fp8.md, "Session 38")."""
+    one Triton pass, no zero-fill (torch's zero-fill and strided e4m3 copy ran at ~0.1 TB/s,
+    5–15 % of the call; notes/fp8.md, "Session 38")."""
     batch, seq_len, kv_heads, head_dim_v = v.shape
     seq_pad = padded_len(seq_len, block_n)
     vt = torch.empty(batch, kv_heads, head_dim_v, seq_pad, dtype=v.dtype, device=v.device)
@@ -345,6 +345,7 @@ def quantize(q, k, v, *, hadamard: bool = False, seed: int = 0) -> Quantized:
 
 
 def supports(shape, design: str = "pipelined") -> Support:
+    """Both designs run the same head dims (``design`` is the registry variant's option)."""
     return head_dims_supported(shape.head_dim, shape.head_dim_v, HEAD_DIMS)
 
 

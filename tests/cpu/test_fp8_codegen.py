@@ -1,9 +1,9 @@
-"""The FP8 forward (kernels/fwd/fp8.py) on a CPU: it lowers for sm_90a and compiles as its
-docstring says (both GEMMs on e4m3 wgmma (QGMMA) from shared memory, P through shared memory,
-Vᵀ K-major, the producer / consumer register split, no spill, the kernel's own barriers
-only); bad inputs are refused before a
-launch (Vᵀ's Triton pass: tests/cpu/interpret_cases.py); ``quantize`` and its Hadamard option do what they say, measured with the float64
-oracle."""
+"""The FP8 forward (kernels/fwd/fp8.py) on a CPU: both designs lower for sm_90a and compile
+as their docstrings say (every GEMM on e4m3 wgmma (QGMMA) from shared memory, P through shared
+memory, Vᵀ K-major, the producer / consumer register split, no spill, the kernels' own
+barriers only); bad inputs are refused before a launch; the registry binds each design;
+``quantize`` and its Hadamard option do what they say, measured with the float64 oracle (Vᵀ's
+Triton pass: tests/cpu/interpret_cases.py)."""
 import re
 import shutil
 
@@ -61,8 +61,8 @@ def test_the_coop_design_compiles_to_e4m3_wgmma_with_a_p_tile_per_warpgroup(
     assert summary.spill_bytes == 0 and summary.stack_frame == 0, summary.format()
     source = emitted.source
     for wg, barrier in enumerate((NamedBarrier.FP8_P_WG1, NamedBarrier.FP8_P_WG2)):
-        assert re.search(rf"fence_proxy_async\(\);\s*tl::__sync_thread_partial\({int(barrier)}, 128\)",
-                         source), f"warpgroup {wg + 1}'s P barrier"
+        published = rf"fence_proxy_async\(\);\s*tl::__sync_thread_partial\({int(barrier)}, 128\)"
+        assert re.search(published, source), f"warpgroup {wg + 1}'s P barrier"
     p_operands = re.findall(r"initialize_wgmma_descriptor<[^>]*>\(desc_a_\d+, (.*?p_s.*?)\);",
                             source)
     wg2_offset = f"+ {64 * fp8.coop_config_for(causal).block_n})"  # bytes: 64 rows of e4m3 P
@@ -70,8 +70,8 @@ def test_the_coop_design_compiles_to_e4m3_wgmma_with_a_p_tile_per_warpgroup(
     assert any("+" not in d for d in p_operands), p_operands
     assert "VDescale[" in source and "bfloat16_t*)o_s" in source
     # P's register fences cover its e4m3 registers, not more: 64 × bn bytes over 128 threads
-    p_fences = re.findall(r"warpgroup_fence_operand\(reinterpret_cast<uint32_t\*>\(p \+ 0\), (\d+)\)",
-                          source)
+    p_fences = re.findall(
+        r"warpgroup_fence_operand\(reinterpret_cast<uint32_t\*>\(p \+ 0\), (\d+)\)", source)
     block_n = fp8.coop_config_for(causal).block_n
     assert set(p_fences) <= {str(64 * block_n // 512)}, p_fences
     assert p_fences or seq_len <= block_n  # a single K/V block has no overlapped step
