@@ -223,9 +223,15 @@ def grpo_step(hf, args, group=GRPO_GROUP):
     operands = operands.repeat_interleave(group, dim=0)
     rollout = _lab_path(policy, prompts, args.new, "lab-fused", task.eos_id)
 
+    micro = []  # planned once, on the cold step's rollout (the shapes never change)
+
     def update(tokens, rewards):
+        if not micro:
+            micro.append(grpo.plan_micro_batch(grpo.Scorer(policy, len(tokens), args.grpo_logprobs),
+                                               optimizer, prompts, tokens,
+                                               args.grpo_memory_gib * 2**30))
         report = grpo.update(policy, reference, optimizer, prompts, tokens, rewards, group,
-                             task.eos_id, logprobs=args.grpo_logprobs)[0]
+                             task.eos_id, logprobs=args.grpo_logprobs, micro_batch=micro[0])[0]
         rollout.model.refresh_weights()  # in place: the next rollout samples the new policy
         return report
 
@@ -243,7 +249,8 @@ def grpo_step(hf, args, group=GRPO_GROUP):
     floors_s = grpo_floors_s(hf, args.batch, args.prompt, args.new, floor)
     print(f"\nDr. GRPO steps ({args.batch} sequences = {args.batch // group} prompts × {group}, "
           f"{args.prompt} + {args.new} tokens, scoring attention {args.grpo_attention}, log-probs "
-          f"{args.grpo_logprobs}; 1 cold step, then {args.steps} warm):")
+          f"{args.grpo_logprobs}, micro-batch {micro[0]} from a {args.grpo_memory_gib:g} GiB "
+          f"budget; 1 cold step, then {args.steps} warm):")
     print("| phase | cold s | warm s (median) | warm range | peak GiB | floor s | × floor |")
     print("|---|---|---|---|---|---|---|")
     for name in GRPO_PHASES:

@@ -47,15 +47,18 @@ barriers: lane 0 of each of the peer's 8 consumer warps arrives remotely too, as
 Shared memory (2-byte elements, stages s, block_n bn): Q 128·D + s·bn·(D + Dv); O reuses Q.
   D 64: 16 + 2·128·128 B = 80 KB; D 128: 32 + 128 = 160 KB (bn 128, s 2);
   D 256: 64 + 2·64·512 B = 192 KB (bn 64, s 2). Persistent: Q twice, D 64 96 KB, D 128 192 KB.
-FP8 (``dtype`` "float8_e4m3fn", the non-persistent grid; ``kernels/fwd/fp8.py``'s "coop-overlap"
-design): Q and K e4m3, V given as Vᵀ (B, Hkv, Dv, S_pad) so its (Dv, bn) block is K-major as
-e4m3 wgmma needs, the (B, Hkv) descales of Q and K folded into the softmax scale at run time
-(``SoftmaxState.scale_log2``) and V's into O. TileLang 0.1.15 lays e4m3 P out as no RS operand,
-so each warpgroup stores its P to a tile of its own (``KVStages.p_s``, 2 × 64 × bn), fences and
-waits on its 128 threads' barrier (``NamedBarrier.FP8_P_WG1/2``) before its SS PV GEMM; the
-other warpgroup never waits for it. O (bf16) leaves through its own tile (2 × 64 × Dv), Q's
-e4m3 slot being half its size. Shared memory at D 128, bn 128: Q 16 + K/V 64 + P 16 + O 32 KB
-(+ 4 KB of anchors) = 132 KB.
+FP8 (``dtype`` "float8_e4m3fn"; ``kernels/fwd/fp8.py``'s "coop-overlap" and
+"coop-overlap-persistent" designs): Q and K e4m3, V given as Vᵀ (B, Hkv, Dv, S_pad) so its (Dv,
+bn) block is K-major as e4m3 wgmma needs, the (B, Hkv) descales of Q and K folded into the
+softmax scale at run time (``SoftmaxState.scale_log2``) and V's into O. TileLang 0.1.15 lays
+e4m3 P out as no RS operand, so each warpgroup stores its P to a tile of its own
+(``KVStages.p_s``, 2 × 64 × bn), fences and waits on its 128 threads' barrier
+(``NamedBarrier.FP8_P_WG1/2``) before its SS PV GEMM; the other warpgroup never waits for it. O
+(bf16) leaves through its own tile (2 × 64 × Dv), Q's e4m3 slot being half its size. Shared
+memory at D 128, bn 128: Q 16 + K/V 64 + P 16 + O 32 KB (+ 4 KB of anchors) = 132 KB.
+Persistent, bn 256: Q 2 · 16 + K/Vᵀ 128 + P 32 KB + anchors = 196 KB; a bf16 O tile would pass
+the 227 KB, so O goes from registers to global memory (bounded stores) and the Q slot is handed
+back at once; the walk's L2 rules count 1-byte K / V.
 TileLang's automatic barrier insertion is off (``tl.disable_thread_storage_sync``): it would put
 ``__syncthreads()`` where only some warpgroups arrive. Its shared-memory reuse is off too
 (``tl.disable_shared_memory_reuse``): without those syncs, reusing a buffer's bytes for another
@@ -346,25 +349,27 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
     if cfg.persistent and not loop.runs_persistent:
         raise ValueError("the persistent kernel needs a mainloop whose last PV can share an issue "
                          "turn with the next tile's first QK (kernels.coop_overlap)")
-    if fp8 and cfg.persistent:
-        raise ValueError("the FP8 coop kernel runs the non-persistent grid only")
     produce_kv = kv_producer(bn, stages, cluster=cfg.cluster, v_transposed=fp8)
 
     @T.macro
     def epilogue(wg, st: SoftmaxState, q_s, slot, q_empty, out_tile, f8: Fp8Epilogue, kvh, b):
         """O / l → this warpgroup's half of the tile's Q slot (its last QK GEMM has retired)
         → TMA store; persistent: hand the slot back once the store has read it. FP8: O · V's
-        descale → its own bf16 tile → TMA store."""
+        descale → its own bf16 tile → TMA store, or (persistent, no O tile) registers → global
+        memory, and the slot goes back at once."""
         normalize_o(st.acc_o, st.row_sum, st.row_rescale, HALF, head_dim_v)
         if fp8:
             for i, j in T.Parallel(HALF, head_dim_v):
                 st.acc_o[i, j] *= f8.v_descale[b, kvh]
-            store_o(st.acc_o, f8.o_s[wg, :, :], out_tile, EPILOGUES[wg])
+            if cfg.persistent:
+                T.copy(st.acc_o, out_tile)
+            else:
+                store_o(st.acc_o, f8.o_s[wg, :, :], out_tile, EPILOGUES[wg])
         else:
             store_o(st.acc_o, q_s[slot, wg, :, :], out_tile, EPILOGUES[wg])
         if cfg.persistent:
-            # the store's TMA has read the slot (its issuing thread waited): hand it back
-            T.sync_threads(EPILOGUES[wg], 128)
+            if not fp8:  # the store's TMA has read the slot (its issuing thread waited)
+                T.sync_threads(EPILOGUES[wg], 128)
             T.mbarrier_arrive(q_empty[slot])
 
     @T.macro
@@ -376,17 +381,27 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
         T.fill(st.row_sum, 0)
         T.fill(st.row_max, neg_inf)
 
+    def alloc_state():
+        """A consumer's softmax state; FP8: with a run-time scale (``set_scale``)."""
+        st = alloc_softmax_state(HALF, bn, head_dim_v, dtype)
+        if fp8:
+            st = dataclasses.replace(st, scale_log2=T.alloc_local([1], accum))
+        return st
+
+    @T.macro
+    def set_scale(st: SoftmaxState, f8: Fp8Epilogue, head, b):
+        """FP8: the scores' scale·log2 e with the tile's Q and K descales folded in (FA3's way)."""
+        st.scale_log2[0] = scale_log2 * f8.q_descale[b, head // group] * f8.k_descale[
+            b, head // group]
+
     @T.macro
     def consumer(wg, Out, q_s, kv: KVStages, q_full, qt, head, b, loop_range,
                  f8: Fp8Epilogue = None):
         """One consumer warpgroup's tile (the non-persistent grid)."""
         row0 = qt * BLOCK_M + wg * HALF  # first query row of this warpgroup
-        st = alloc_softmax_state(HALF, bn, head_dim_v, dtype)
-        if fp8:  # the scores' scale·log2 e with Q's and K's descales folded in (FA3's way)
-            descaled = T.alloc_local([1], accum)
-            descaled[0] = scale_log2 * f8.q_descale[b, head // group] * f8.k_descale[
-                b, head // group]
-            st = dataclasses.replace(st, scale_log2=descaled)
+        st = alloc_state()
+        if fp8:
+            set_scale(st, f8, head, b)
         reset_rows(st)
         T.mbarrier_wait_parity(q_full[0], 0)
         if cfg.pingpong and wg == 1:
@@ -449,9 +464,11 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
                 T.set_max_nreg(240, 1)
                 consumer(1, Out, q_s, kv, q_full, qt, head, b, loop_range, f8)
 
-    def regular_kernel():
+    def prim_func(body):
+        """The kernel's entry: ``body(Q, K, V, Out, descales)`` under the bf16 signature or
+        the FP8 one (Vᵀ, the three descales, bf16 O)."""
         if fp8:
-            return regular_kernel_fp8()
+            return prim_func_fp8(body)
 
         @T.prim_func
         def main(
@@ -460,11 +477,11 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
             V: T.Tensor([batch, seq_len, kv_heads, head_dim_v], dtype),
             Out: T.Tensor([batch, seq_len, heads, head_dim_v], dtype),
         ):
-            regular_body(Q, K, V, Out, None)
+            body(Q, K, V, Out, None)
 
         return main
 
-    def regular_kernel_fp8():
+    def prim_func_fp8(body):
         seq_pad = (seq_len + bn - 1) // bn * bn
 
         # a fresh annotation per parameter (tests/upstream/test_shared_annotation.py)
@@ -481,7 +498,7 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
             VDescale: descale_t(),
             Out: T.Tensor([batch, seq_len, heads, head_dim_v], "bfloat16"),
         ):
-            regular_body(Q, K, Vt, Out, (QDescale, KDescale, VDescale))
+            body(Q, K, Vt, Out, (QDescale, KDescale, VDescale))
 
         return main_fp8
 
@@ -491,16 +508,18 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
         double-buffered (slot = tile parity), so the next tile's Q loads while this tile's O is
         stored from the other slot."""
         lanes = cfg.cluster  # CTAs walking one list together (a cluster), on adjacent heads
-        big = kv_exceed_half_l2(batch, seq_len, kv_heads, head_dim, head_dim_v, l2_bytes)
+        big = kv_exceed_half_l2(batch, seq_len, kv_heads, head_dim, head_dim_v, l2_bytes,
+                                1 if fp8 else 2)
         sched = PersistentScheduler(n_qtiles, heads, batch, num_ctas, lanes,
                                     RANK_GROUP if big else 1, cfg.heavy_first)
 
         @T.macro
-        def consumer_tiles(wg, Out, q_s, kv: KVStages, q_full, q_empty, cta, my_tiles):
+        def consumer_tiles(wg, Out, q_s, kv: KVStages, q_full, q_empty, cta, my_tiles,
+                           f8: Fp8Epilogue = None):
             """One consumer warpgroup's tiles. Each tile's last PV shares an issue turn with
             the next tile's first QK (``loop.drain_into_next``), so the epilogue runs beside a
             GEMM; the state lives across tiles because that QK writes acc_s for the next."""
-            st = alloc_softmax_state(HALF, bn, head_dim_v, dtype)
+            st = alloc_state()
             part_sum = loop.alloc_row_sums()
             it0 = T.alloc_var("int32", init=0)  # KV blocks consumed for earlier tiles
             T.mbarrier_wait_parity(q_full[0], 0)
@@ -511,11 +530,13 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
             for i in T.serial(my_tiles):
                 qt, head, b = sched.tile_coords(i, cta)
                 row0 = qt * BLOCK_M + wg * HALF
+                if fp8:
+                    set_scale(st, f8, head, b)
                 reset_rows(st)
                 loop.blocks(wg, row0, q_s, kv, kv_blocks(qt), st, part_sum, i % 2, it0)
                 loop.drain_into_next(wg, q_s, q_full, kv, kv_blocks(qt), st, part_sum, it0,
                                      i + 1 < my_tiles, (i + 1) % 2, (i + 1) // 2)
-                epilogue(wg, st, q_s, i % 2, q_empty, Out[b, row0:row0 + HALF, head, :], None,
+                epilogue(wg, st, q_s, i % 2, q_empty, Out[b, row0:row0 + HALF, head, :], f8,
                          head // group, b)
                 it0 += kv_blocks(qt)
             T.wait_wgmma(0)  # the throwaway QK after the last tile
@@ -527,18 +548,16 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
             counts = [CONSUMER_THREADS + (lanes - 1) * CONSUMER_THREADS // 32] * stages
             return T.alloc_cluster_barrier(counts), T.alloc_cluster_barrier(counts)
 
-        @T.prim_func
-        def main(
-            Q: T.Tensor([batch, seq_len, heads, head_dim], dtype),
-            K: T.Tensor([batch, seq_len, kv_heads, head_dim], dtype),
-            V: T.Tensor([batch, seq_len, kv_heads, head_dim_v], dtype),
-            Out: T.Tensor([batch, seq_len, heads, head_dim_v], dtype),
-        ):
+        @T.macro
+        def persistent_body(Q, K, V, Out, f8_descales):
+            """One CTA per SM: the buffers, the roles and their register budgets. FP8: V is
+            Vᵀ, each warpgroup has a P tile, and O leaves from registers (no tile for it)."""
             cluster = {"cluster_dims": lanes} if lanes > 1 else {}
             with T.Kernel(sched.ctas, threads=CONSUMER_THREADS + 128, **cluster) as cta:
                 q_s = T.alloc_shared([2, 2, HALF, head_dim], dtype)
                 k_s = T.alloc_shared([stages, bn, head_dim], dtype)
-                v_s = T.alloc_shared([stages, bn, head_dim_v], dtype)
+                v_s = T.alloc_shared([stages, head_dim_v, bn] if fp8 else
+                                     [stages, bn, head_dim_v], dtype)
                 T.annotate_layout({q_s: make_swizzled_layout(q_s),
                                    k_s: make_swizzled_layout(k_s),
                                    v_s: make_swizzled_layout(v_s)})
@@ -547,7 +566,13 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
                 k_full = T.alloc_barrier([PRODUCER_WARP] * stages)
                 v_full = T.alloc_barrier([PRODUCER_WARP] * stages)
                 k_empty, v_empty = alloc_kv_empty()
-                kv = KVStages(k_s, v_s, k_full, k_empty, v_full, v_empty)
+                if fp8:
+                    p_s = T.alloc_shared([2, HALF, bn], dtype)
+                    kv = KVStages(k_s, v_s, k_full, k_empty, v_full, v_empty, p_s)
+                    f8 = Fp8Epilogue(*f8_descales, None)
+                else:
+                    kv = KVStages(k_s, v_s, k_full, k_empty, v_full, v_empty)
+                    f8 = None
                 my_tiles = sched.tiles_of(cta)
                 tx = T.get_thread_binding()
                 if tx >= CONSUMER_THREADS:
@@ -561,16 +586,16 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
                             it0 += kv_blocks(qt)
                 elif tx < 128:
                     T.set_max_nreg(240, 1)
-                    consumer_tiles(0, Out, q_s, kv, q_full, q_empty, cta, my_tiles)
+                    consumer_tiles(0, Out, q_s, kv, q_full, q_empty, cta, my_tiles, f8)
                 else:
                     T.set_max_nreg(240, 1)
-                    consumer_tiles(1, Out, q_s, kv, q_full, q_empty, cta, my_tiles)
+                    consumer_tiles(1, Out, q_s, kv, q_full, q_empty, cta, my_tiles, f8)
                 if lanes > 1:
                     T.cluster_sync()  # no CTA exits while its peer may still signal or load into it
 
-        return main
+        return prim_func(persistent_body)
 
-    return persistent_kernel(num_ctas) if cfg.persistent else regular_kernel()
+    return persistent_kernel(num_ctas) if cfg.persistent else prim_func(regular_body)
 
 
 def supports(shape: Shape, pingpong: bool = True, persistent: bool = False) -> Support:

@@ -30,8 +30,11 @@ Vᵀ rings 128 KB, P 32 KB, O (bf16) 32 KB: 208 KB.
 A second design, ``design="coop-overlap"`` (registered as ``fp8-coop``): kernels/fwd/coop.py's
 explicit roles (FA3's: producer warp, two consumer warpgroups with pingpong) and
 coop_overlap.py's IntraWGOverlap mainloop on e4m3, P through a tile per warpgroup as here
-(coop.py's docstring has its barriers and shared memory). Lowered and compiled on the CPU
-(no spill); not yet run on a GPU (notes/fp8.md, "Session 38").
+(coop.py's docstring has its barriers and shared memory). Correct on the H100 (the grid and
+both sanitizers, bn 128); 0.89–0.90 × FA3 FP8 at bn 128, 0.96–0.98 × at bn 256 (notes/fp8.md,
+"Session 39"). A third, ``design="coop-overlap-persistent"`` (``fp8-coop-persistent``), runs
+it on the persistent walk at bn 256, O stored from registers: compiled on the CPU (no spill,
+196 KB), not yet run on a GPU.
 
 ``quantize(q, k, v, hadamard=)`` makes the inputs from bf16 / fp16 ones: per-(batch, KV head)
 descales, and optionally FA3's incoherent processing (q and k rotated by one random-sign
@@ -53,15 +56,15 @@ from ws_lab.kernels.fwd import coop, coop_overlap
 from ws_lab.kernels.fwd.barriers import NamedBarrier
 from ws_lab.kernels.fwd.pipelined import Config  # its tile fields and launch order
 from ws_lab.kernels.fwd.softmax import alloc_softmax_state, normalize_o, online_softmax, score_mask
-from ws_lab.kernels.fwd.tile_scheduler import qtile_grid
-from ws_lab.target import compile_sm90a
+from ws_lab.kernels.fwd.tile_scheduler import cluster_for, persistent_device_args, qtile_grid
+from ws_lab.target import H100_L2_BYTES, compile_sm90a
 
 FP8 = torch.float8_e4m3fn
 TL_FP8 = "float8_e4m3fn"
 INPUT_DTYPE = TL_FP8  # what ``python -m ws_lab.emit fp8`` reports (the shape's dtype is unused)
 OUT_DTYPE = torch.bfloat16
 HEAD_DIMS = ((64, 64), (128, 128))
-DESIGNS = ("pipelined", "coop-overlap")
+DESIGNS = ("pipelined", "coop-overlap", "coop-overlap-persistent")
 # TileLang's shared-memory syncs off (the kernel's named barriers order P and O; notes/fp8.md,
 # "Session 38"), reuse off with them (tilelang #2416), and fast math (bare ex2.approx)
 PASS_CONFIGS = {tilelang.PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True,
@@ -175,19 +178,37 @@ def compiled(*args):
     return compile_sm90a(flash_fwd_fp8(*args), PASS_CONFIGS)
 
 
-def coop_config_for(causal: bool) -> coop.Config:
-    """The coop-overlap design's tiles: bn 128 and 2 stages as the bf16 kernel's (132 KB of
-    shared memory at D 128; bn 192 and 256 also compile without spill), pingpong on; not yet
-    measured (notes/fp8.md, "Session 38")."""
-    return coop.Config(128, 2, True, heavy_first=causal)
+def coop_config_for(causal: bool, persistent: bool = False, cluster: int = 1) -> coop.Config:
+    """The coop-overlap designs' tiles, 2 stages, pingpong on. Non-persistent: bn 128, the
+    tile its grid and sanitizers ran at (132 KB at D 128); bn 256 measured 1.02–1.07 × faster
+    (notes/fp8.md, "Session 39") and waits on those checks. Persistent: bn 256 (196 KB: Q's two
+    slots, K / Vᵀ rings, P; O leaves from registers), not yet run on a GPU."""
+    return coop.Config(256 if persistent else 128, 2, True, heavy_first=causal,
+                       persistent=persistent, cluster=cluster)
 
 
 def compiled_coop(batch, seq_len, heads, kv_heads, head_dim, causal, softmax_scale,
-                  cfg: coop.Config):
+                  cfg: coop.Config, *persistent_args):
     """``coop.coop_fwd`` on e4m3 (Q, K, Vᵀ, the descales, bf16 O) with the IntraWGOverlap
-    mainloop, compiled under its post-processor passes."""
+    mainloop, compiled under its post-processor passes (``persistent_args``: the persistent
+    walk's SM count and L2 bytes)."""
     return coop.compiled(batch, seq_len, heads, kv_heads, head_dim, head_dim, causal,
-                         coop.FP8_DTYPE, softmax_scale, cfg, coop_overlap.overlap_mainloop())
+                         coop.FP8_DTYPE, softmax_scale, cfg, coop_overlap.overlap_mainloop(),
+                         *persistent_args)
+
+
+def coop_kernel(problem, design: str, cluster, device):
+    """(Config, compiled kernel) of a coop-overlap design for ``problem`` (batch, S, Hq, Hkv,
+    D, causal, scale); the persistent walk sized to ``device`` and, ``cluster`` None, paired by
+    ``cluster_for`` on e4m3 K / V."""
+    if design != "coop-overlap-persistent":
+        cfg = coop_config_for(problem[5])
+        return cfg, compiled_coop(*problem, cfg)
+    sms, l2 = persistent_device_args(device)
+    if cluster is None:
+        cluster = cluster_for(*problem[:4], problem[4], problem[4], l2, elem_bytes=1)
+    cfg = coop_config_for(problem[5], persistent=True, cluster=cluster)
+    return cfg, compiled_coop(*problem, cfg, sms, l2)
 
 
 TRANSPOSE_KEYS = 64  # keys a program of ``transpose_v`` moves (all Dv of them)
@@ -225,18 +246,24 @@ def transpose_v(v: torch.Tensor, block_n: int) -> torch.Tensor:
 
 
 def attention_fp8(q, k, v, causal=False, softmax_scale=None, *, q_descale=None, k_descale=None,
-                  v_descale=None, out=None, return_lse=False, design: str = "pipelined"):
+                  v_descale=None, out=None, return_lse=False, design: str = "pipelined",
+                  cluster: int | None = None):
     """BSHD GQA forward on e4m3 inputs: q (B, S, Hq, D), k / v (B, S, Hkv, D) float8_e4m3fn,
     descales (B, Hkv) fp32 as FA3's interface takes them (None: 1), the true q is q · q_descale
     of its KV head's group. Returns bf16 out (B, S, Hq, D) (``out``: written in place), and with
     ``return_lse`` the fp32 lse (B, Hq, S) of the descaled, scaled scores. ``design``:
-    "pipelined" (this file's kernel) or "coop-overlap" (kernels/fwd/coop.py's explicit roles
-    with coop_overlap's IntraWGOverlap mainloop, e4m3; no lse yet)."""
+    "pipelined" (this file's kernel), "coop-overlap" (kernels/fwd/coop.py's explicit roles
+    with coop_overlap's IntraWGOverlap mainloop, e4m3; no lse yet) or
+    "coop-overlap-persistent" (the same on the persistent walk; ``cluster``: 2 forces CTA
+    pairs multicasting K / Vᵀ, 1 single CTAs, None picks by ``cluster_for``)."""
     if design not in DESIGNS:
         raise ValueError(f"design must be one of {DESIGNS}, got {design!r}")
     if return_lse and design != "pipelined":
         raise ValueError(f"return_lse needs design='pipelined' (the {design} kernel has no lse "
                          "output yet)")
+    if cluster not in (None, 1, 2) or (cluster is not None and design != DESIGNS[2]):
+        raise ValueError(f"cluster must be None, 1 or 2 with design={DESIGNS[2]!r}, got "
+                         f"cluster={cluster!r} with design={design!r}")
     dims = validate_attention_inputs(q, k, v, supported_head_dims=HEAD_DIMS, causal=causal,
                                      softmax_scale=softmax_scale, dtypes=(FP8,), devices="any")
     want = (dims.batch, dims.kv_heads)
@@ -261,8 +288,7 @@ def attention_fp8(q, k, v, causal=False, softmax_scale=None, *, q_descale=None, 
         cfg = config_for(bool(causal))
         kernel = compiled(*problem, cfg, *((True,) if return_lse else ()))
     else:
-        cfg = coop_config_for(bool(causal))
-        kernel = compiled_coop(*problem, cfg)
+        cfg, kernel = coop_kernel(problem, design, cluster, q.device)
     out = torch.empty(q.shape, dtype=OUT_DTYPE, device=q.device) if out is None else out
     args = [q, k, transpose_v(v, cfg.block_n), *descales, out]
     if not return_lse:
@@ -345,7 +371,7 @@ def quantize(q, k, v, *, hadamard: bool = False, seed: int = 0) -> Quantized:
 
 
 def supports(shape, design: str = "pipelined") -> Support:
-    """Both designs run the same head dims (``design`` is the registry variant's option)."""
+    """Every design runs the same head dims (``design`` is the registry variant's option)."""
     return head_dims_supported(shape.head_dim, shape.head_dim_v, HEAD_DIMS)
 
 
@@ -357,6 +383,10 @@ def prim_func_for(shape, config=None, design: str = "pipelined"):
         return flash_fwd_fp8(shape.batch, shape.seq_len, shape.heads, shape.kv_heads,
                              shape.head_dim, shape.causal, scale,
                              config or config_for(shape.causal))
+    if config is None and design == "coop-overlap-persistent":  # paired as on an H100
+        config = coop_config_for(shape.causal, True, cluster_for(
+            shape.batch, shape.seq_len, shape.heads, shape.kv_heads, shape.head_dim,
+            shape.head_dim, H100_L2_BYTES, elem_bytes=1))
     return coop.coop_fwd(shape.batch, shape.seq_len, shape.heads, shape.kv_heads,
                          shape.head_dim, shape.head_dim, shape.causal, coop.FP8_DTYPE, scale,
                          config or coop_config_for(shape.causal), coop_overlap.overlap_mainloop())

@@ -25,20 +25,22 @@ def qtile_grid(n_qtiles, heads, batch, heavy_first):
     return (n_qtiles, heads, batch), lambda gx, gy: (gx, gy)
 
 
-def kv_exceed_half_l2(batch, seq_len, kv_heads, head_dim, head_dim_v, l2_bytes) -> bool:
-    """The call's K and V (2-byte elements) do not fit in half of L2: the line above which the
-    persistent walk groups Q tiles by head and runs CTA pairs."""
-    return batch * kv_heads * seq_len * (head_dim + head_dim_v) * 2 > l2_bytes // 2
+def kv_exceed_half_l2(batch, seq_len, kv_heads, head_dim, head_dim_v, l2_bytes,
+                      elem_bytes=2) -> bool:
+    """The call's K and V (``elem_bytes`` a element: 1 for e4m3) do not fit in half of L2: the
+    line above which the persistent walk groups Q tiles by head and runs CTA pairs."""
+    return batch * kv_heads * seq_len * (head_dim + head_dim_v) * elem_bytes > l2_bytes // 2
 
 
-def cluster_for(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, l2_bytes) -> int:
+def cluster_for(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, l2_bytes,
+                elem_bytes=2) -> int:
     """CTAs per cluster of the persistent walk: 2 (two Q heads of one GQA group on a CTA pair,
     each K/V block loaded once and multicast into both) when the group is even and the call's
     K/V exceed half of L2; else 1. Measured against single CTAs (notes/coop_overlap.md, Session
     11): +1 to +7 % at 32–64 MB of K/V (±1 % on the full-mask 32 MB row), −1 % at 16 MB, where
     L2 holds them."""
     group_even = (heads // kv_heads) % 2 == 0
-    big = kv_exceed_half_l2(batch, seq_len, kv_heads, head_dim, head_dim_v, l2_bytes)
+    big = kv_exceed_half_l2(batch, seq_len, kv_heads, head_dim, head_dim_v, l2_bytes, elem_bytes)
     return 2 if group_even and big else 1
 
 

@@ -77,6 +77,26 @@ def test_the_coop_design_compiles_to_e4m3_wgmma_with_a_p_tile_per_warpgroup(
     assert p_fences or seq_len <= block_n  # a single K/V block has no overlapped step
 
 
+@needs_nvcc
+@pytest.mark.parametrize("name,cluster", [("train8b-8k", 2), ("llama8b-4k", 1)])
+def test_the_persistent_design_fits_256_key_blocks_and_stores_o_from_registers(
+        tmp_path, name, cluster):
+    """The persistent coop-overlap design at bn 256: e4m3 wgmma only, no spill, within the
+    227 KB of shared memory because O leaves from registers (no TMA store, no O tile); CTA
+    pairs where the e4m3 K / V exceed half of the H100's L2 (train8b-8k: 32 MB)."""
+    shape = shapes.SHAPES[name]
+    func = fp8.prim_func_for(shape, design="coop-overlap-persistent")
+    emitted = emit.lower_variant("fp8-coop-persistent", shape, func, fp8.coop.PASS_CONFIGS)
+    summary = emit.inspect(emitted, tmp_path)
+    assert summary.hgmma and all(k.endswith(".F32.E4M3.E4M3") for k in summary.hgmma), \
+        summary.format()
+    assert summary.spill_bytes == 0 and summary.stack_frame == 0, summary.format()
+    assert summary.dyn_smem <= 227 * 1024 and summary.counts["UTMASTG"] == 0, summary.format()
+    assert fp8.coop_config_for(shape.causal, persistent=True).block_n == 256
+    assert ("tl::cluster_sync()" in emitted.source) == (cluster == 2)
+    assert "VDescale[" in emitted.source and "o_s" not in emitted.source
+
+
 def test_fp8_forward_refuses_bad_inputs_before_a_launch():
     q = torch.zeros(1, 8, 4, 128, dtype=fp8.FP8)
     kv = torch.zeros(1, 8, 2, 128, dtype=fp8.FP8)
@@ -91,9 +111,13 @@ def test_fp8_forward_refuses_bad_inputs_before_a_launch():
     with pytest.raises(ValueError, match="inputs must be CUDA tensors"):
         fp8.attention_fp8(q, kv, kv)
     with pytest.raises(ValueError, match="design must be one of"):
-        fp8.attention_fp8(q, kv, kv, design="persistent")
+        fp8.attention_fp8(q, kv, kv, design="persistent-coop")
     with pytest.raises(ValueError, match="return_lse needs design='pipelined'"):
         fp8.attention_fp8(q, kv, kv, return_lse=True, design="coop-overlap")
+    with pytest.raises(ValueError, match="cluster must be None, 1 or 2 with design="):
+        fp8.attention_fp8(q, kv, kv, cluster=2, design="coop-overlap")
+    with pytest.raises(ValueError, match="cluster must be None, 1 or 2 with design="):
+        fp8.attention_fp8(q, kv, kv, cluster=4, design="coop-overlap-persistent")
 
 
 def test_the_registry_binds_each_fp8_design():
@@ -103,6 +127,8 @@ def test_the_registry_binds_each_fp8_design():
     assert coop_op.keywords == {"design": "coop-overlap"}
     with pytest.raises(ValueError, match="return_lse needs design='pipelined'"):
         coop_op(q, kv, kv, return_lse=True)
+    assert registry.get("fp8-coop-persistent").fp8_attention.keywords == {
+        "design": "coop-overlap-persistent"}
     assert registry.get("fp8").fp8_attention.keywords == {}
     with pytest.raises(TypeError, match="fp8 is a fp8 kernel, not a fwd one"):
         registry.get("fp8").attention

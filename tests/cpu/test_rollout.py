@@ -127,14 +127,33 @@ def test_logprob_at_t_equals_a_manual_forward(hf):
         torch.testing.assert_close(logp[:, t], expect, rtol=1e-5, atol=1e-5)
 
 
-def _update(hf, rewards, inner_steps=1):
+def _update(hf, rewards, inner_steps=1, micro_batch=2):
     policy, reference = copy.deepcopy(hf), copy.deepcopy(hf)
     prompts = torch.randint(0, hf.config.vocab_size, (4, 6))
     completions = torch.randint(0, hf.config.vocab_size, (4, 5))
     completions[0, 2] = EOS
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
     return grpo.update(policy, reference, optimizer, prompts, completions, torch.tensor(rewards),
-                       group=2, eos_id=EOS, inner_steps=inner_steps, micro_batch=2)
+                       group=2, eos_id=EOS, inner_steps=inner_steps, micro_batch=micro_batch)
+
+
+def test_the_micro_batch_is_the_largest_divisor_within_the_budget():
+    assert grpo.micro_batch_for(64, per_sequence=1.0, fixed=10.0, budget=26.0) == 16
+    assert grpo.micro_batch_for(64, per_sequence=1.0, fixed=10.0, budget=74.0) == 64
+    assert grpo.micro_batch_for(12, per_sequence=1.0, fixed=0.0, budget=5.5) == 4
+    assert grpo.micro_batch_for(8, per_sequence=1.0, fixed=9.0, budget=5.0) == 1  # none fits
+
+
+def test_an_unplanned_update_on_the_cpu_takes_the_whole_batch(hf):
+    """micro_batch None plans from CUDA memory; on a CPU it is one slice of the whole batch,
+    so the step equals an explicit micro_batch of 4."""
+    torch.manual_seed(0)
+    planned = _update(hf, [1.0, 0.0, 0.0, 1.0], micro_batch=None)[0]
+    torch.manual_seed(0)
+    whole = _update(hf, [1.0, 0.0, 0.0, 1.0], micro_batch=4)[0]
+    assert (planned.loss, planned.grad_norm) == (whole.loss, whole.grad_norm)
+    cpu_rows = torch.zeros(4, 6, dtype=torch.long)
+    assert grpo.plan_micro_batch(None, None, cpu_rows, cpu_rows, budget_bytes=0) == 4
 
 
 def test_ratio_is_exactly_one_on_inner_step_zero(hf):

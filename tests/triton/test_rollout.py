@@ -134,3 +134,27 @@ def test_later_requests_replay_the_captured_step(hf):
     model.refresh_weights()
     torch.testing.assert_close(logits(model), logits(DecodeModel(copy, BATCH, PROMPT + 16,
                                                                  "fused")))
+
+
+def test_the_planned_micro_batch_keeps_the_update_within_its_budget(hf):
+    """grpo.plan_micro_batch at a budget of 4.5 sequences past the probed fixed bytes picks 4
+    of 16 (the largest divisor that fits), and the update it plans peaks within that budget:
+    the probe's model of the peak is not optimistic."""
+    import copy
+
+    from ws_lab.rollout import grpo
+
+    policy, reference = copy.deepcopy(hf).train(), copy.deepcopy(hf).eval()
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-6)
+    vocab = hf.config.vocab_size
+    prompts = torch.randint(0, vocab, (16, PROMPT), device="cuda")
+    completions = torch.randint(0, vocab, (16, 64), device="cuda")
+    probe = grpo.Scorer(policy, 16)
+    fixed, per_sequence = grpo.training_peak_model(probe, prompts, completions, optimizer)
+    budget = fixed + 4.5 * per_sequence
+    micro = grpo.plan_micro_batch(probe, optimizer, prompts, completions, budget)
+    assert micro == 4 and all(p.grad is None for p in policy.parameters())
+    torch.cuda.reset_peak_memory_stats()
+    grpo.update(policy, reference, optimizer, prompts, completions, torch.rand(16), 8, vocab,
+                micro_batch=micro)
+    assert torch.cuda.max_memory_allocated() <= budget

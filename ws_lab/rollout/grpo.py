@@ -86,6 +86,62 @@ def loss(logp, logp_old, logp_ref, adv, mask, clip_eps: float = 0.2, beta: float
     return total, (ratio * mask).sum() / tokens, (kl * mask).sum() / tokens
 
 
+def micro_batch_for(batch: int, per_sequence: float, fixed: float, budget: float) -> int:
+    """The largest micro-batch that divides ``batch`` (equal slices) and whose modelled peak,
+    ``fixed + m · per_sequence`` bytes, stays within ``budget``; 1 when none does."""
+    fits = [m for m in range(1, batch + 1)
+            if batch % m == 0 and fixed + m * per_sequence <= budget]
+    return max(fits, default=1)
+
+
+# sequences the two probes run (a line fixed + m · per_sequence through them): 2 and 4, where
+# the activations, not the gradients' allocation, set the peak; 1 and 2 for smaller batches
+PROBE_SIZES = (2, 4)
+PEAK_HEADROOM = 1.1  # the fitted peak × this: the allocator's rounding and fragmentation
+
+
+def training_peak_model(scorer, prompts, completions, optimizer) -> tuple[float, float]:
+    """(fixed bytes, bytes per sequence) of a micro-batch's forward and backward through
+    ``scorer``, from the CUDA allocator's peak at two probe sizes (gradients cleared before
+    each probe and after); ``fixed`` also holds what an Adam step adds (its two moments where
+    its state is still empty, and one parameter-sized temporary) and the headroom."""
+    sizes = PROBE_SIZES if prompts.shape[0] >= PROBE_SIZES[1] else (1, 2)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    peaks = []
+    for m in sizes:
+        optimizer.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        no_sync = getattr(scorer, "no_sync", contextlib.nullcontext)  # DDP: no all-reduce
+        with no_sync():
+            scorer(prompts[:m], completions[:m]).sum().backward()
+        torch.cuda.synchronize()
+        peaks.append(torch.cuda.max_memory_allocated())
+    optimizer.zero_grad(set_to_none=True)
+    per_sequence = (peaks[1] - peaks[0]) / (sizes[1] - sizes[0])
+    fixed = peaks[0] - sizes[0] * per_sequence
+    if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+        moments = 0 if optimizer.state else 2  # the foreach step's sqrt is the temporary
+        fixed += (moments + 1) * sum(p.numel() * p.element_size() for p in params)
+    return fixed * PEAK_HEADROOM, per_sequence * PEAK_HEADROOM
+
+
+def plan_micro_batch(scorer, optimizer, prompts, completions, budget_bytes: float) -> int:
+    """The update's micro-batch from memory: ``micro_batch_for`` on ``training_peak_model``,
+    the smallest over the ranks of a process group. On a CPU the whole batch (one slice)."""
+    batch = prompts.shape[0]
+    if not prompts.is_cuda or batch == 1:
+        return batch
+    fixed, per_sequence = training_peak_model(scorer, prompts, completions, optimizer)
+    micro = torch.tensor([micro_batch_for(batch, per_sequence, fixed, budget_bytes)])
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        micro = micro.to("cuda" if dist.get_backend() == "nccl" else "cpu")
+        dist.all_reduce(micro, op=dist.ReduceOp.MIN)
+    return int(micro.item())
+
+
 @dataclass
 class StepReport:
     logprob_s: float
@@ -98,16 +154,24 @@ class StepReport:
 
 def update(policy, reference, optimizer, prompts, completions, rewards, group: int, eos_id: int,
            *, inner_steps: int = 1, clip_eps: float = 0.2, beta: float = 0.04,
-           max_grad_norm: float = 1.0, micro_batch: int = 8, scorer=None,
-           logprobs: str = "torch") -> list[StepReport]:
+           max_grad_norm: float = 1.0, micro_batch: int | None = None, scorer=None,
+           logprobs: str = "torch", memory_budget: float | None = None) -> list[StepReport]:
     """The Dr. GRPO update after a rollout: old and reference log-probs once, then
     ``inner_steps`` optimizer steps (gradient clipping each), micro-batched backward passes.
-    ``scorer``: the module whose forward gives the policy's log-probs with gradients (default
-    ``Scorer(policy)``; data-parallel: ``ws_lab.rollout.dp.scorer``, a DDP wrapper, with this
-    rank's share of whole groups). ``logprobs``: ``token_logprobs``'s backend for the old,
-    reference and policy log-probs. Returns one report per inner step (inner step 0's ratio
-    is exactly 1), its loss, ratio and KL over every rank's responses."""
+    ``micro_batch``: sequences a forward / backward pass takes; None plans it from memory
+    (``plan_micro_batch`` within ``memory_budget`` bytes, default 90 % of the GPU's; a caller
+    that updates often plans once and passes it). ``scorer``: the module whose forward gives
+    the policy's log-probs with gradients (default ``Scorer(policy)``; data-parallel:
+    ``ws_lab.rollout.dp.scorer``, a DDP wrapper, with this rank's share of whole groups).
+    ``logprobs``: ``token_logprobs``'s backend for the old, reference and policy log-probs.
+    Returns one report per inner step (inner step 0's ratio is exactly 1), its loss, ratio and
+    KL over every rank's responses."""
     sync = torch.cuda.synchronize if prompts.is_cuda else (lambda: None)
+    if micro_batch is None:
+        probe = Scorer(policy, prompts.shape[0], logprobs) if scorer is None else scorer
+        if memory_budget is None and prompts.is_cuda:
+            memory_budget = 0.9 * torch.cuda.get_device_properties(prompts.device).total_memory
+        micro_batch = plan_micro_batch(probe, optimizer, prompts, completions, memory_budget)
     scorer = Scorer(policy, micro_batch, logprobs) if scorer is None else scorer
     start = time.perf_counter()
     mask = completion_mask(completions, eos_id)
