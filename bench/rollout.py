@@ -51,6 +51,10 @@ def _parser():
                     help="the update's memory budget (with --grpo): its micro-batch is the "
                          "largest whose probed peak fits (grpo.plan_micro_batch); default 13, "
                          "issue #47's bound")
+    ap.add_argument("--grpo-anchors", action="store_true",
+                    help="(with --grpo) also time the update's anchors on the last rollout's "
+                         "batch: plain HF + torch log-probs, the same under torch.compile, and "
+                         "Liger's fused Dr. GRPO loss (pip install -e '.[anchors]')")
     return ap
 
 

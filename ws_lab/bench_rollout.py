@@ -201,6 +201,7 @@ def grpo_step(hf, args, group=GRPO_GROUP):
 
     task = ArithmeticTask(hf.config.vocab_size, prompt_len=args.prompt)
     policy, reference = hf, copy.deepcopy(hf).eval()
+    snapshot = copy.deepcopy(hf) if args.grpo_anchors else None  # the anchors start here
     if args.grpo_attention == "lab":  # the decode loop keeps its own attention
         for model in (policy, reference):
             model.set_attn_implementation(hf_attention.register())
@@ -262,6 +263,69 @@ def grpo_step(hf, args, group=GRPO_GROUP):
           f"matmul FLOPs at {floors.TENSOR_TFLOPS:.0f} TFLOP/s and the decode step's HBM floor")
     print(f"last step: loss {report.loss:.4f}, ratio {report.ratio:.6f}, k3 KL {report.kl:.2e}, "
           f"grad norm {report.grad_norm:.3f}, mean reward {rewards.mean():.3f}")
+    if args.grpo_anchors:
+        anchor_table(snapshot, prompts, out.tokens, rewards, group, task.eos_id, micro[0], args)
+
+
+GRPO_ANCHORS = ("lab", "plain", "compiled", "liger")
+
+
+def anchor_update(name, policy, reference, optimizer, prompts, tokens, rewards, group, eos_id,
+                  micro_batch, logprobs):
+    """One update of a path on the anchors' table (issue #47): "lab", ``grpo.update`` as the
+    steps above ran it (``logprobs``, the policy's attention); "plain", the same on HF's SDPA
+    and torch's log-probs; "compiled", plain with Inductor compiling the scoring forward;
+    "liger", TRL's Liger path (ws_lab/rollout/anchors.py)."""
+    from ws_lab.rollout import anchors, grpo
+
+    if name == "liger":
+        return anchors.liger_update(policy, reference, optimizer, prompts, tokens, rewards,
+                                    group, eos_id, micro_batch=micro_batch)
+    scorer = anchors.compiled_scorer(policy, micro_batch) if name == "compiled" else None
+    return grpo.update(policy, reference, optimizer, prompts, tokens, rewards, group, eos_id,
+                       micro_batch=micro_batch, scorer=scorer,
+                       logprobs=logprobs if name == "lab" else "torch")[0]
+
+
+def anchor_table(snapshot, prompts, tokens, rewards, group, eos_id, micro_batch, args):
+    """The lab's update and its anchors on the last rollout's batch, each from the policy as it
+    was before the first step (``snapshot``, also the reference) with a fresh AdamW: the first
+    update's loss and gradient norm (the same batch and weights: they should agree to bf16's
+    precision), then the cold and ``args.steps`` warm updates (log-probs included), peak
+    memory."""
+    import copy
+
+    import torch
+
+    from ws_lab.rollout import hf_attention
+
+    print(f"\nThe update and its anchors on the last rollout's batch (micro-batch {micro_batch}):")
+    print("| path | cold s | warm s (median) | warm range | process peak GiB | first loss | "
+          "grad norm |")
+    print("|---|---|---|---|---|---|---|")
+    lab_attention = hf_attention.register() if args.grpo_attention == "lab" else "sdpa"
+    for name in GRPO_ANCHORS:
+        attention = lab_attention if name == "lab" else "sdpa"
+        policy, reference = copy.deepcopy(snapshot).train(), copy.deepcopy(snapshot).eval()
+        for model in (policy, reference):
+            model.set_attn_implementation(attention)
+        optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-6)
+        seconds, reports = [], []
+        torch.cuda.reset_peak_memory_stats()
+        for _ in range(1 + args.steps):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            reports.append(anchor_update(name, policy, reference, optimizer, prompts, tokens,
+                                         rewards, group, eos_id, micro_batch,
+                                         args.grpo_logprobs))
+            torch.cuda.synchronize()
+            seconds.append(time.perf_counter() - start)
+        warm = sorted(seconds[1:])
+        print(f"| {name} | {seconds[0]:.3f} | {statistics.median(warm):.3f} | "
+              f"{warm[0]:.3f}–{warm[-1]:.3f} | {torch.cuda.max_memory_allocated() / 2**30:.1f} | "
+              f"{reports[0].loss:.6f} | {reports[0].grad_norm:.4f} |")
+        del policy, reference, optimizer
+        torch.cuda.empty_cache()
 
 
 def static_report(json_path):

@@ -9,6 +9,7 @@ device) over a Hugging Face ``Qwen2ForCausalLM``'s weights, and the Dr. GRPO ste
   task.py     the synthetic arithmetic task and its verifier (prompts generated, no dataset)
   grpo.py     Dr. GRPO: completion mask, log-probs, clipped loss, k3 KL, one optimizer step
   dp.py       the same step data-parallel (torch.distributed, DDP): each rank its share of groups
+  anchors.py  the update's anchors: the scoring forward under torch.compile, Liger's Dr. GRPO loss
 
 Needs ``transformers`` (``pip install -e ".[rollout]"``).
 """
