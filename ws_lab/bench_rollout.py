@@ -271,17 +271,17 @@ GRPO_ANCHORS = ("lab", "plain", "compiled", "liger")
 
 
 def anchor_update(name, policy, reference, optimizer, prompts, tokens, rewards, group, eos_id,
-                  micro_batch, logprobs):
+                  micro_batch, logprobs, scorer=None):
     """One update of a path on the anchors' table (issue #47): "lab", ``grpo.update`` as the
     steps above ran it (``logprobs``, the policy's attention); "plain", the same on HF's SDPA
-    and torch's log-probs; "compiled", plain with Inductor compiling the scoring forward;
-    "liger", TRL's Liger path (ws_lab/rollout/anchors.py)."""
+    and torch's log-probs; "compiled", plain through ``scorer`` (``anchors.compiled_scorer``:
+    Inductor compiles the scoring forward); "liger", TRL's Liger path
+    (ws_lab/rollout/anchors.py)."""
     from ws_lab.rollout import anchors, grpo
 
     if name == "liger":
         return anchors.liger_update(policy, reference, optimizer, prompts, tokens, rewards,
                                     group, eos_id, micro_batch=micro_batch)
-    scorer = anchors.compiled_scorer(policy, micro_batch) if name == "compiled" else None
     return grpo.update(policy, reference, optimizer, prompts, tokens, rewards, group, eos_id,
                        micro_batch=micro_batch, scorer=scorer,
                        logprobs=logprobs if name == "lab" else "torch")[0]
@@ -297,7 +297,7 @@ def anchor_table(snapshot, prompts, tokens, rewards, group, eos_id, micro_batch,
 
     import torch
 
-    from ws_lab.rollout import hf_attention
+    from ws_lab.rollout import anchors, hf_attention
 
     print(f"\nThe update and its anchors on the last rollout's batch (micro-batch {micro_batch}):")
     print("| path | cold s | warm s (median) | warm range | process peak GiB | first loss | "
@@ -310,6 +310,7 @@ def anchor_table(snapshot, prompts, tokens, rewards, group, eos_id, micro_batch,
         for model in (policy, reference):
             model.set_attn_implementation(attention)
         optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-6)
+        scorer = anchors.compiled_scorer(policy, micro_batch) if name == "compiled" else None
         seconds, reports = [], []
         torch.cuda.reset_peak_memory_stats()
         for _ in range(1 + args.steps):
@@ -317,14 +318,14 @@ def anchor_table(snapshot, prompts, tokens, rewards, group, eos_id, micro_batch,
             start = time.perf_counter()
             reports.append(anchor_update(name, policy, reference, optimizer, prompts, tokens,
                                          rewards, group, eos_id, micro_batch,
-                                         args.grpo_logprobs))
+                                         args.grpo_logprobs, scorer))
             torch.cuda.synchronize()
             seconds.append(time.perf_counter() - start)
         warm = sorted(seconds[1:])
         print(f"| {name} | {seconds[0]:.3f} | {statistics.median(warm):.3f} | "
               f"{warm[0]:.3f}–{warm[-1]:.3f} | {torch.cuda.max_memory_allocated() / 2**30:.1f} | "
               f"{reports[0].loss:.6f} | {reports[0].grad_norm:.4f} |")
-        del policy, reference, optimizer
+        del policy, reference, optimizer, scorer
         torch.cuda.empty_cache()
 
 
