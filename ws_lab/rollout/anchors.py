@@ -32,8 +32,8 @@ def liger_update(policy, reference, optimizer, prompts, completions, rewards, gr
                  eos_id: int, *, clip_eps: float = 0.2, beta: float = 0.04,
                  max_grad_norm: float = 1.0, micro_batch: int = 8,
                  compiled: bool = True) -> grpo.StepReport:
-    """One Dr. GRPO optimizer step as TRL's Liger path takes it: old and reference log-probs
-    by ``grpo.token_logprobs``, then per micro-batch the policy's hidden states through
+    """One Dr. GRPO optimizer step as TRL's Liger path takes it: ``grpo.targets`` (old and
+    reference log-probs by ``grpo.token_logprobs``), then per micro-batch the policy's hidden states through
     Liger's fused linear Dr. GRPO loss. Liger divides by responses × completion length, the lab
     by responses, so its loss is scaled by the length before the backward: the step, the
     reported loss and the gradient norm are ``grpo.update``'s. Ratio and KL are not reported
@@ -41,14 +41,8 @@ def liger_update(policy, reference, optimizer, prompts, completions, rewards, gr
     from liger_kernel.chunked_loss import LigerFusedLinearGRPOLoss
 
     sync = torch.cuda.synchronize if prompts.is_cuda else (lambda: None)
-    start = time.perf_counter()
-    mask = grpo.completion_mask(completions, eos_id)
-    adv = grpo.advantages(rewards.to(mask.device), group)
-    with torch.no_grad():
-        logp_old = grpo.token_logprobs(policy, prompts, completions, micro_batch)
-        logp_ref = grpo.token_logprobs(reference, prompts, completions, micro_batch)
-    sync()
-    logprob_s = time.perf_counter() - start
+    t = grpo.targets(policy, reference, prompts, completions, rewards, group, eos_id,
+                     micro_batch)
     start = time.perf_counter()
     batch, length = prompts.shape[0], completions.shape[1]
     loss_fn = LigerFusedLinearGRPOLoss(beta=beta, compiled=compiled, epsilon_low=clip_eps,
@@ -60,13 +54,13 @@ def liger_update(policy, reference, optimizer, prompts, completions, rewards, gr
         hi = min(lo + micro_batch, batch)
         ids = torch.cat([prompts[lo:hi], completions[lo:hi]], dim=1)
         hidden = policy.model(ids).last_hidden_state[:, prompts.shape[1] - 1:-1]
-        value, _ = loss_fn(hidden, policy.lm_head.weight, completions[lo:hi], mask[lo:hi],
-                           adv[lo:hi], ref_per_token_logps=logp_ref[lo:hi],
-                           old_per_token_logps=logp_old[lo:hi])
+        value, _ = loss_fn(hidden, policy.lm_head.weight, completions[lo:hi], t.mask[lo:hi],
+                           t.adv[lo:hi], ref_per_token_logps=t.logp_ref[lo:hi],
+                           old_per_token_logps=t.logp_old[lo:hi])
         (value * length * (hi - lo) / batch).backward()  # grpo.update's mean over responses
         total += value.item() * length * (hi - lo)
     grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm)
     optimizer.step()
     sync()
-    return grpo.StepReport(logprob_s, time.perf_counter() - start, total / batch, float("nan"),
+    return grpo.StepReport(t.logprob_s, time.perf_counter() - start, total / batch, float("nan"),
                            float("nan"), float(grad_norm))

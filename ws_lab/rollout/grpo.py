@@ -142,6 +142,31 @@ def plan_micro_batch(scorer, optimizer, prompts, completions, budget_bytes: floa
     return int(micro.item())
 
 
+@dataclass(frozen=True)
+class Targets:
+    """What every optimizer step of an update scores against: the completion mask, the
+    advantages, the old and reference log-probs, and the seconds those log-probs took."""
+    mask: torch.Tensor
+    adv: torch.Tensor
+    logp_old: torch.Tensor
+    logp_ref: torch.Tensor
+    logprob_s: float
+
+
+def targets(policy, reference, prompts, completions, rewards, group: int, eos_id: int,
+            micro_batch: int, logprobs: str = "torch") -> Targets:
+    """The update's ``Targets``: old and reference log-probs once, without gradients."""
+    sync = torch.cuda.synchronize if prompts.is_cuda else (lambda: None)
+    start = time.perf_counter()
+    mask = completion_mask(completions, eos_id)
+    adv = advantages(rewards.to(mask.device), group)
+    with torch.no_grad():
+        logp_old = token_logprobs(policy, prompts, completions, micro_batch, logprobs)
+        logp_ref = token_logprobs(reference, prompts, completions, micro_batch, logprobs)
+    sync()
+    return Targets(mask, adv, logp_old, logp_ref, time.perf_counter() - start)
+
+
 @dataclass
 class StepReport:
     logprob_s: float
@@ -173,14 +198,8 @@ def update(policy, reference, optimizer, prompts, completions, rewards, group: i
             memory_budget = 0.9 * torch.cuda.get_device_properties(prompts.device).total_memory
         micro_batch = plan_micro_batch(probe, optimizer, prompts, completions, memory_budget)
     scorer = Scorer(policy, micro_batch, logprobs) if scorer is None else scorer
-    start = time.perf_counter()
-    mask = completion_mask(completions, eos_id)
-    adv = advantages(rewards.to(mask.device), group)
-    with torch.no_grad():
-        logp_old = token_logprobs(policy, prompts, completions, micro_batch, logprobs)
-        logp_ref = token_logprobs(reference, prompts, completions, micro_batch, logprobs)
-    sync()
-    logprob_s = time.perf_counter() - start
+    t = targets(policy, reference, prompts, completions, rewards, group, eos_id, micro_batch,
+                logprobs)
     reports = []
     batch = prompts.shape[0]
     slices = [(lo, min(lo + micro_batch, batch)) for lo in range(0, batch, micro_batch)]
@@ -194,8 +213,8 @@ def update(policy, reference, optimizer, prompts, completions, rewards, group: i
             with contextlib.nullcontext() if last or not hasattr(scorer, "no_sync") \
                     else scorer.no_sync():
                 logp = scorer(prompts[lo:hi], completions[lo:hi])
-                value, ratio, kl = loss(logp, logp_old[lo:hi], logp_ref[lo:hi], adv[lo:hi],
-                                        mask[lo:hi], clip_eps, beta)
+                value, ratio, kl = loss(logp, t.logp_old[lo:hi], t.logp_ref[lo:hi],
+                                        t.adv[lo:hi], t.mask[lo:hi], clip_eps, beta)
                 (value * (hi - lo) / batch).backward()  # the mean over responses, across slices
             sums += torch.tensor([value.item() * (hi - lo), ratio.item(), kl.item(), 1.0],
                                  dtype=torch.float64)
@@ -204,7 +223,7 @@ def update(policy, reference, optimizer, prompts, completions, rewards, group: i
         sync()
         loss_sum, ratio_sum, kl_sum, parts = _over_ranks(sums).tolist()
         responses = batch * parts / len(slices)  # every rank holds the same share
-        reports.append(StepReport(logprob_s, time.perf_counter() - start, loss_sum / responses,
+        reports.append(StepReport(t.logprob_s, time.perf_counter() - start, loss_sum / responses,
                                   ratio_sum / parts, kl_sum / parts, float(grad_norm)))
     return reports
 
