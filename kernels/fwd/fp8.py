@@ -31,10 +31,9 @@ A second design, ``design="coop-overlap"`` (registered as ``fp8-coop``): kernels
 explicit roles (FA3's: producer warp, two consumer warpgroups with pingpong) and
 coop_overlap.py's IntraWGOverlap mainloop on e4m3, P through a tile per warpgroup as here
 (coop.py's docstring has its barriers and shared memory). Correct on the H100 (the grid and
-both sanitizers, bn 128); 0.89–0.90 × FA3 FP8 at bn 128, 0.96–0.98 × at bn 256 (notes/fp8.md,
-"Session 39"). A third, ``design="coop-overlap-persistent"`` (``fp8-coop-persistent``), runs
-it on the persistent walk at bn 256, O stored from registers: compiled on the CPU (no spill,
-196 KB), not yet run on a GPU.
+both sanitizers at bn 256); 0.93–0.98 × FA3 FP8, the fastest design here (notes/fp8.md,
+"Session 40"). A third, ``design="coop-overlap-persistent"`` (``fp8-coop-persistent``), runs
+it on the persistent walk at bn 256, O stored from registers: correct, slower than the second.
 
 ``quantize(q, k, v, hadamard=)`` makes the inputs from bf16 / fp16 ones: per-(batch, KV head)
 descales, and optionally FA3's incoherent processing (q and k rotated by one random-sign
@@ -179,11 +178,11 @@ def compiled(*args):
 
 
 def coop_config_for(causal: bool, persistent: bool = False, cluster: int = 1) -> coop.Config:
-    """The coop-overlap designs' tiles, 2 stages, pingpong on. Non-persistent: bn 128, the
-    tile its grid and sanitizers ran at (132 KB at D 128); bn 256 measured 1.02–1.07 × faster
-    (notes/fp8.md, "Session 39") and waits on those checks. Persistent: bn 256 (196 KB: Q's two
-    slots, K / Vᵀ rings, P; O leaves from registers), not yet run on a GPU."""
-    return coop.Config(256 if persistent else 128, 2, True, heavy_first=causal,
+    """The coop-overlap designs' tiles: bn 256, 2 stages, pingpong on. bn 256 measured 1.06–1.10
+    × bn 128 and the grid and sanitizers pass at it (notes/fp8.md, "Session 39", "Session 40").
+    Shared memory at D 128: non-persistent 212 KB (Q, K / Vᵀ rings, P, the bf16 O tile);
+    persistent 196 KB (Q's two slots, no O tile: O leaves from registers)."""
+    return coop.Config(256, 2, True, heavy_first=causal,
                        persistent=persistent, cluster=cluster)
 
 
