@@ -47,6 +47,10 @@ def _parser():
                     help="the old, reference and policy log-probs (with --grpo): the lm_head's "
                          "logits then log-softmax in torch, or the lab's kernel chunked over "
                          "the vocabulary (kernels/step/token_logprobs.py); default torch")
+    ap.add_argument("--grpo-compile", action="store_true",
+                    help="(with --grpo) the old, reference and policy log-probs through "
+                         "decoder stacks under torch.compile (grpo.compiled_stack; compiled "
+                         "once, in the cold step)")
     ap.add_argument("--grpo-memory-gib", type=float, default=13.0,
                     help="the update's memory budget (with --grpo): its micro-batch is the "
                          "largest whose probed peak fits (grpo.plan_micro_batch); default 13, "

@@ -232,7 +232,8 @@ def grpo_step(hf, args, group=GRPO_GROUP):
                                                optimizer, prompts, tokens,
                                                args.grpo_memory_gib * 2**30))
         report = grpo.update(policy, reference, optimizer, prompts, tokens, rewards, group,
-                             task.eos_id, logprobs=args.grpo_logprobs, micro_batch=micro[0])[0]
+                             task.eos_id, logprobs=args.grpo_logprobs, micro_batch=micro[0],
+                             compiled=args.grpo_compile)[0]
         rollout.model.refresh_weights()  # in place: the next rollout samples the new policy
         return report
 
@@ -250,8 +251,9 @@ def grpo_step(hf, args, group=GRPO_GROUP):
     floors_s = grpo_floors_s(hf, args.batch, args.prompt, args.new, floor)
     print(f"\nDr. GRPO steps ({args.batch} sequences = {args.batch // group} prompts × {group}, "
           f"{args.prompt} + {args.new} tokens, scoring attention {args.grpo_attention}, log-probs "
-          f"{args.grpo_logprobs}, micro-batch {micro[0]} from a {args.grpo_memory_gib:g} GiB "
-          f"budget; 1 cold step, then {args.steps} warm):")
+          f"{args.grpo_logprobs}{', compiled stack' if args.grpo_compile else ''}, micro-batch "
+          f"{micro[0]} from a {args.grpo_memory_gib:g} GiB budget; 1 cold step, then "
+          f"{args.steps} warm):")
     print("| phase | cold s | warm s (median) | warm range | peak GiB | floor s | × floor |")
     print("|---|---|---|---|---|---|---|")
     for name in GRPO_PHASES:
@@ -271,20 +273,21 @@ GRPO_ANCHORS = ("lab", "plain", "compiled", "liger")
 
 
 def anchor_update(name, policy, reference, optimizer, prompts, tokens, rewards, group, eos_id,
-                  micro_batch, logprobs, scorer=None):
+                  micro_batch, args):
     """One update of a path on the anchors' table (issue #47): "lab", ``grpo.update`` as the
-    steps above ran it (``logprobs``, the policy's attention); "plain", the same on HF's SDPA
-    and torch's log-probs; "compiled", plain through ``scorer`` (``anchors.compiled_scorer``:
-    Inductor compiles the scoring forward); "liger", TRL's Liger path
+    steps above ran it (``args``' log-probs and compiled stack, the policy's attention);
+    "plain", the same on HF's SDPA and torch's log-probs; "compiled", plain with the decoder
+    stacks under ``torch.compile`` (``grpo.compiled_stack``); "liger", TRL's Liger path
     (ws_lab/rollout/anchors.py)."""
     from ws_lab.rollout import anchors, grpo
 
     if name == "liger":
         return anchors.liger_update(policy, reference, optimizer, prompts, tokens, rewards,
                                     group, eos_id, micro_batch=micro_batch)
+    lab = name == "lab"
     return grpo.update(policy, reference, optimizer, prompts, tokens, rewards, group, eos_id,
-                       micro_batch=micro_batch, scorer=scorer,
-                       logprobs=logprobs if name == "lab" else "torch")[0]
+                       micro_batch=micro_batch, logprobs=args.grpo_logprobs if lab else "torch",
+                       compiled=name == "compiled" or (lab and args.grpo_compile))[0]
 
 
 def anchor_table(snapshot, prompts, tokens, rewards, group, eos_id, micro_batch, args):
@@ -297,7 +300,7 @@ def anchor_table(snapshot, prompts, tokens, rewards, group, eos_id, micro_batch,
 
     import torch
 
-    from ws_lab.rollout import anchors, hf_attention
+    from ws_lab.rollout import hf_attention
 
     print(f"\nThe update and its anchors on the last rollout's batch (micro-batch {micro_batch}):")
     print("| path | cold s | warm s (median) | warm range | process peak GiB | first loss | "
@@ -310,22 +313,20 @@ def anchor_table(snapshot, prompts, tokens, rewards, group, eos_id, micro_batch,
         for model in (policy, reference):
             model.set_attn_implementation(attention)
         optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-6)
-        scorer = anchors.compiled_scorer(policy, micro_batch) if name == "compiled" else None
         seconds, reports = [], []
         torch.cuda.reset_peak_memory_stats()
         for _ in range(1 + args.steps):
             torch.cuda.synchronize()
             start = time.perf_counter()
             reports.append(anchor_update(name, policy, reference, optimizer, prompts, tokens,
-                                         rewards, group, eos_id, micro_batch,
-                                         args.grpo_logprobs, scorer))
+                                         rewards, group, eos_id, micro_batch, args))
             torch.cuda.synchronize()
             seconds.append(time.perf_counter() - start)
         warm = sorted(seconds[1:])
         print(f"| {name} | {seconds[0]:.3f} | {statistics.median(warm):.3f} | "
               f"{warm[0]:.3f}–{warm[-1]:.3f} | {torch.cuda.max_memory_allocated() / 2**30:.1f} | "
               f"{reports[0].loss:.6f} | {reports[0].grad_norm:.4f} |")
-        del policy, reference, optimizer, scorer
+        del policy, reference, optimizer
         torch.cuda.empty_cache()
 
 

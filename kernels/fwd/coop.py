@@ -53,12 +53,11 @@ bn) block is K-major as e4m3 wgmma needs, the (B, Hkv) descales of Q and K folde
 softmax scale at run time (``SoftmaxState.scale_log2``) and V's into O. A plain e4m3 copy of
 the scores is no RS operand in TileLang 0.1.15 (a key reorder makes one, but P held across the
 PV wait took the consumer past 240 registers: notes/fp8.md, "Session 40"), so each warpgroup
-stores its P to a tile of its own
-(``KVStages.p_s``, 2 × 64 × bn), fences and waits on its 128 threads' barrier
-(``NamedBarrier.FP8_P_WG1/2``) before its SS PV GEMM; the other warpgroup never waits for it. O
-(bf16) leaves through its own tile (2 × 64 × Dv), Q's e4m3 slot being half its size. Shared
-memory at D 128, bn 256 (``fp8.coop_config_for``): Q 16 + K/Vᵀ 128 + P 32 + O 32 KB (+ 4 KB of
-anchors) = 212 KB.
+stores its P to a tile of its own (``KVStages.p_s``, 2 × 64 × bn), fences and waits on its 128
+threads' barrier (``NamedBarrier.FP8_P_WG1/2``) before its SS PV GEMM; the other warpgroup
+never waits for it. O (bf16) leaves through its own tile (2 × 64 × Dv), Q's e4m3 slot being
+half its size. Shared memory at D 128, bn 256 (``fp8.coop_config_for``): Q 16 + K/Vᵀ 128 + P
+32 + O 32 KB (+ 4 KB of anchors) = 212 KB.
 Persistent, bn 256: Q 2 · 16 + K/Vᵀ 128 + P 32 KB + anchors = 196 KB; a bf16 O tile would pass
 the 227 KB, so O goes from registers to global memory (bounded stores) and the Q slot is handed
 back at once; the walk's L2 rules count 1-byte K / V.

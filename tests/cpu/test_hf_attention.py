@@ -63,6 +63,21 @@ def test_grpo_log_probs_match_on_the_lab_path(oracle_op):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)  # fp32 rounding of ~20
 
 
+def test_the_lab_path_compiles_where_hf_materialises_the_causal_mask(oracle_op, monkeypatch):
+    """Under torch.compile before torch 2.14 HF never skips SDPA's causal mask (emulated here:
+    its skip test patched to say no); the lab's mask function still gives none to an unpadded
+    batch, so the compiled stack reaches the op instead of refusing a mask."""
+    from transformers import masking_utils
+
+    monkeypatch.setattr(masking_utils, "_ignore_causal_mask_sdpa", lambda *a, **k: False)
+    sdpa, lab = _pair()
+    ids = torch.randint(0, sdpa.config.vocab_size, (2, 21))
+    want = sdpa.model(ids).last_hidden_state
+    got = torch.compile(lab.model)(ids).last_hidden_state
+    assert oracle.rel_l2(got, want) < 1e-5
+    assert len(oracle_op) == sdpa.config.num_hidden_layers
+
+
 def test_what_the_op_cannot_compute_is_refused(oracle_op):
     _, lab = _pair()
     ids = torch.randint(0, lab.config.vocab_size, (2, 12))

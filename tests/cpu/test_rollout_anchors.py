@@ -1,7 +1,8 @@
 """The Dr. GRPO update's anchors (ws_lab/rollout/anchors.py) on the CPU, fp32, the tiny Qwen2
-config: Liger's fused linear Dr. GRPO loss and the Inductor-compiled scoring forward take the
-same optimizer step as ``grpo.update`` on the same batch (SGD, so the step is the clipped
-gradient itself; a perturbed reference, so the KL term has a gradient)."""
+config: Liger's fused linear Dr. GRPO loss and the update with Inductor-compiled decoder stacks
+(``grpo.update(compiled=True)``) take the same optimizer step as ``grpo.update`` on the same
+batch (SGD, so the step is the clipped gradient itself; a perturbed reference, so the KL term
+has a gradient)."""
 import copy
 
 import pytest
@@ -63,10 +64,24 @@ def test_the_liger_anchor_takes_grpo_updates_step():
     _assert_same_step(got, want)
 
 
-def test_the_compiled_scorer_takes_grpo_updates_step():
+def test_the_compiled_stack_takes_grpo_updates_step():
     want = _step(_lab)
-    got = _step(lambda policy, *a: _lab(policy, *a,
-                                        scorer=anchors.compiled_scorer(policy, MICRO)))
-    # Inductor's fused fp32 reductions round apart from eager's, and the old log-probs come
-    # from the eager forward, so the ratio is exp of that difference: 2.2e-5 on the loss here
+    got = _step(lambda *a: grpo.update(*a, GROUP, EOS, micro_batch=MICRO, compiled=True)[0])
+    # Inductor's fused fp32 reductions round apart from eager's
     _assert_same_step(got, want, rel=1e-4)
+
+
+def test_a_compiled_update_compiles_once_then_replays():
+    from torch._dynamo.utils import counters
+
+    policy, reference, prompts, completions, rewards = _problem()
+    optimizer = torch.optim.SGD(policy.parameters(), lr=1e-3)
+
+    def update():
+        grpo.update(policy, reference, optimizer, prompts, completions, rewards, GROUP, EOS,
+                    micro_batch=MICRO, compiled=True)
+        return counters["stats"]["unique_graphs"]
+
+    first = update()
+    assert grpo.compiled_stack(policy) is grpo.compiled_stack(policy)
+    assert update() == first  # the second update made no graph

@@ -1,6 +1,6 @@
-"""The Dr. GRPO update's anchors (issue #47), on the inputs ``grpo.update`` takes and with its
-loss, clipping and optimizer step: the plain HF path with its scoring forward compiled by
-Inductor (``compiled_scorer``), and TRL's Liger path (``liger_update``:
+"""The Dr. GRPO update's anchor beside ``grpo.update`` (issue #47; its other anchors are
+``grpo.update`` itself on plain HF, eager or ``compiled``), on the inputs ``grpo.update`` takes
+and with its loss, clipping and optimizer step: TRL's Liger path (``liger_update``:
 ``LigerFusedLinearGRPOLoss(loss_type="dr_grpo")``, the lm_head, log-softmax and loss chunked
 so the logits are never whole; the ``liger-kernel`` wheel, ``pip install -e ".[anchors]"``).
 """
@@ -11,21 +11,6 @@ import time
 import torch
 
 from ws_lab.rollout import grpo
-
-
-class _CompiledModel:
-    """What ``grpo.token_logprobs`` reads of a causal LM (``.model``, ``.lm_head``), with the
-    decoder stack under ``torch.compile``; the weights stay the policy's."""
-
-    def __init__(self, policy):
-        self.model = torch.compile(policy.model)
-        self.lm_head = policy.lm_head
-
-
-def compiled_scorer(policy, micro_batch: int) -> grpo.Scorer:
-    """``grpo.Scorer`` over the policy with Inductor compiling its decoder stack: pass it as
-    ``grpo.update(scorer=...)`` for the "HF model under torch.compile" anchor."""
-    return grpo.Scorer(_CompiledModel(policy), micro_batch, "torch")
 
 
 def liger_update(policy, reference, optimizer, prompts, completions, rewards, group: int,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -53,6 +54,27 @@ def token_logprobs(model, prompts: torch.Tensor, completions: torch.Tensor,
         logits = model.lm_head(hidden).float()
         rows.append(torch.log_softmax(logits, dim=-1).gather(-1, target[..., None])[..., 0])
     return torch.cat(rows)
+
+
+class CompiledStack:
+    """A causal LM as ``token_logprobs`` reads it (``.model``, ``.lm_head``), its decoder stack
+    under ``torch.compile``; the weights stay the model's. Made once per model by
+    ``compiled_stack`` and kept, so every later update replays its graphs."""
+
+    def __init__(self, model):
+        self.model = torch.compile(model.model)
+        self.lm_head = model.lm_head
+
+
+_STACKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def compiled_stack(model) -> CompiledStack:
+    """The model's ``CompiledStack`` (Inductor fuses the norms, RoPE and SwiGLU: log-probs +
+    update in 0.58 × plain HF's time on the H100, notes/rollout.md "Session 40")."""
+    if model not in _STACKS:
+        _STACKS[model] = CompiledStack(model)
+    return _STACKS[model]
 
 
 class Scorer(torch.nn.Module):
@@ -180,7 +202,8 @@ class StepReport:
 def update(policy, reference, optimizer, prompts, completions, rewards, group: int, eos_id: int,
            *, inner_steps: int = 1, clip_eps: float = 0.2, beta: float = 0.04,
            max_grad_norm: float = 1.0, micro_batch: int | None = None, scorer=None,
-           logprobs: str = "torch", memory_budget: float | None = None) -> list[StepReport]:
+           logprobs: str = "torch", memory_budget: float | None = None,
+           compiled: bool = False) -> list[StepReport]:
     """The Dr. GRPO update after a rollout: old and reference log-probs once, then
     ``inner_steps`` optimizer steps (gradient clipping each), micro-batched backward passes.
     ``micro_batch``: sequences a forward / backward pass takes; None plans it from memory
@@ -189,16 +212,20 @@ def update(policy, reference, optimizer, prompts, completions, rewards, group: i
     the policy's log-probs with gradients (default ``Scorer(policy)``; data-parallel:
     ``ws_lab.rollout.dp.scorer``, a DDP wrapper, with this rank's share of whole groups).
     ``logprobs``: ``token_logprobs``'s backend for the old, reference and policy log-probs.
-    Returns one report per inner step (inner step 0's ratio is exactly 1), its loss, ratio and
-    KL over every rank's responses."""
+    ``compiled``: all three through the models' ``compiled_stack`` (the micro-batch is still
+    planned on the eager stack). Returns one report per inner step (inner step 0's ratio is
+    exactly 1; ``compiled``: 1 within the grad and no-grad graphs' bf16 rounding), its loss,
+    ratio and KL over every rank's responses."""
     sync = torch.cuda.synchronize if prompts.is_cuda else (lambda: None)
     if micro_batch is None:
         probe = Scorer(policy, prompts.shape[0], logprobs) if scorer is None else scorer
         if memory_budget is None and prompts.is_cuda:
             memory_budget = 0.9 * torch.cuda.get_device_properties(prompts.device).total_memory
         micro_batch = plan_micro_batch(probe, optimizer, prompts, completions, memory_budget)
-    scorer = Scorer(policy, micro_batch, logprobs) if scorer is None else scorer
-    t = targets(policy, reference, prompts, completions, rewards, group, eos_id, micro_batch,
+    scoring, ref_scoring = ((compiled_stack(policy), compiled_stack(reference)) if compiled
+                            else (policy, reference))
+    scorer = Scorer(scoring, micro_batch, logprobs) if scorer is None else scorer
+    t = targets(scoring, ref_scoring, prompts, completions, rewards, group, eos_id, micro_batch,
                 logprobs)
     reports = []
     batch = prompts.shape[0]

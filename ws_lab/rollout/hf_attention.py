@@ -2,7 +2,8 @@
 ``attn_implementation="ws_lab"`` runs its attention layers on ``torch.ops.ws_lab.attention``
 (``kernels/bwd/attention_op.py``: the TileLang forward with lse, the TileLang backward). It
 is for the Dr. GRPO update's scoring forward and backward (issue #47: D 64, Hq 14 / Hkv 2,
-causal, the row where the lab's backward leads every peer: notes/bwd.md, "Session 36").
+causal, the row where the lab's backward leads every peer: notes/bwd.md, "Session 36"). Under
+``torch.compile`` the step ran faster on SDPA (notes/rollout.md, "Session 40, later").
 
 Only what the op computes is taken: self-attention over the whole sequence with no mask (no
 padding; HF passes none for an unpadded causal batch once ``register`` has given the
@@ -51,12 +52,26 @@ def _refuse_what_the_op_cannot_do(module, query, key, attention_mask, dropout, k
                          "is not supported")
 
 
+def causal_mask_or_none(*args, **kwargs):
+    """HF's mask interface for ``NAME``: None for a batch with no padding mask under the plain
+    causal mask function (the op is causal itself), else SDPA's mask, which
+    ``attention_forward`` refuses. SDPA's own skip of that mask is off under ``torch.compile``
+    before torch 2.14 (transformers' ``_ignore_causal_mask_sdpa``), which made a compiled
+    scoring stack refuse every batch (notes/rollout.md, "Session 40, later")."""
+    from transformers.masking_utils import causal_mask_function, sdpa_mask
+
+    if (kwargs.get("attention_mask") is None
+            and kwargs.get("mask_function", causal_mask_function) is causal_mask_function):
+        return None
+    return sdpa_mask(*args, **kwargs)
+
+
 def register() -> str:
-    """Registers ``NAME`` with HF's attention and mask interfaces (SDPA's mask function, which
-    gives no mask to an unpadded causal batch); returns the name for ``attn_implementation``."""
+    """Registers ``NAME`` with HF's attention and mask interfaces (``causal_mask_or_none``);
+    returns the name for ``attn_implementation``."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(NAME, attention_forward)
-    AttentionMaskInterface.register(NAME, sdpa_mask)
+    AttentionMaskInterface.register(NAME, causal_mask_or_none)
     return NAME
