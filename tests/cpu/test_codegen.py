@@ -98,6 +98,7 @@ def test_repro_bundle_for_every_pin():
     from ws_lab import repro
 
     assert repro.names() == ["annotated_fragment_second_warpgroup", "annotated_swizzle_k_slice",
+                             "e4m3_register_operand",
                              "fence_operand_num_regs", "fence_proxy_for_unrelated_smem",
                              "gemm_fence_two_warpgroups", "shared_annotation_aliases_params",
                              "smem_reuse_without_syncs",

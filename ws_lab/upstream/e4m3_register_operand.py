@@ -22,8 +22,8 @@ LINKS = ("https://github.com/tile-ai/tilelang/issues/2954 — same family: copie
 PASS_CONFIGS = {}
 EXPECTED = ("`T.copy(acc_s, p)` lowers: TileLang picks the key order (or emits the byte "
             "shuffles) that makes p an RS operand, and `wgmma_rs` e4m3 follows")
-WORKAROUND = ("copy with the key reorder of the control and order Vᵀ's keys alike (lowers, "
-              "correct on an H100; ws-lab notes/fp8.md, 'Session 40'), or P through shared memory")
+WORKAROUND = ("copy with the key reorder of the control and order Vᵀ's keys alike (lowers; "
+              "correct on an H100 in an FP8 attention forward), or P through shared memory")
 EXCERPT = r"wgmma_rs|__nv_cvt_float2_to_fp8x2"
 FP8 = "float8_e4m3"
 BN = 128
