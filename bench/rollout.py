@@ -5,6 +5,7 @@ same prompts, the same sampling (temperature 1, top-k 50: HF's default), no earl
 
     python bench/rollout.py                       # 64 sequences, 200 prompt + 256 new tokens
     python bench/rollout.py --grpo [--steps 5]    # plus Dr. GRPO steps: 1 cold, then warm
+    torchrun --nproc-per-node 2 bench/rollout.py --grpo   # the steps only, data-parallel
 
 Per path: ms per decode step (prefill excluded; the median of --rounds runs, the paths shuffled
 each round, and its range), tokens/s, the GPU's busy fraction (kernel time over wall time,
@@ -13,6 +14,7 @@ torch.profiler) and the HBM floor (weights + the mean K/V read once a step).
 Without a GPU it says so and prints the static report instead: the SASS summary of the step's
 Triton kernels at Qwen2.5-0.5B's sizes (``--json`` writes it).
 """
+import os
 import sys
 from pathlib import Path
 
@@ -84,6 +86,7 @@ def _main(argv):
     if args.grpo and args.batch % GRPO_GROUP:
         raise cli.UsageError(f"--grpo samples groups of {GRPO_GROUP}: --batch must be a multiple "
                              f"of {GRPO_GROUP}, got {args.batch}")
+    _check_torchrun(args, GRPO_GROUP)
     import torch
 
     if not torch.cuda.is_available():
@@ -100,6 +103,21 @@ def _main(argv):
     from ws_lab import bench_rollout
 
     bench_rollout.run(args, paths)
+
+
+def _check_torchrun(args, group):
+    """Under torchrun: the Dr. GRPO step only (no anchors), its groups split evenly."""
+    from ws_lab.rollout import dp
+
+    if not dp.launched():
+        return
+    if not args.grpo or args.grpo_anchors:
+        raise cli.UsageError("under torchrun bench/rollout.py times the data-parallel Dr. GRPO "
+                             "step only: give --grpo, without --grpo-anchors")
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if (args.batch // group) % world:
+        raise cli.UsageError(f"--batch {args.batch} is {args.batch // group} groups of {group}, "
+                             f"which {world} ranks do not share evenly")
 
 
 def main(argv=None):

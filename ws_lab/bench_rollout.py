@@ -169,13 +169,14 @@ GRPO_PHASES = ("generate", "log-probs", "update")
 def grpo_floors_s(hf, batch, prompt, new, decode_floor_ms) -> dict[str, float]:
     """Each phase's floor in s. Matmul FLOPs at ``floors.TENSOR_TFLOPS``, with P the
     non-embedding matmul parameters, T every token and C the completion tokens (the lm_head
-    runs on those only): log-probs are two forwards (policy and reference), 2 · 2 · (P·T +
-    P_lm·C); the update a forward and a backward, 6 · (P·T + P_lm·C). Generate: ``new`` decode
-    steps at the step's HBM floor (``floor_ms``)."""
+    runs on those only): log-probs are the reference's forward, 2 · (P·T + P_lm·C) (one inner
+    step: the old log-probs are the policy's own, no forward of their own); the update a
+    forward and a backward, 6 · (P·T + P_lm·C). Generate: ``new`` decode steps at the step's
+    HBM floor (``floor_ms``)."""
     matmul = sum(p.numel() for name, p in hf.model.layers.named_parameters() if p.dim() == 2)
     forward = 2 * (matmul * batch * (prompt + new) + hf.lm_head.weight.numel() * batch * new)
     compute_s = lambda flops: floors.floor_ms(flops) / 1e3  # noqa: E731
-    return {"generate": new * decode_floor_ms / 1e3, "log-probs": compute_s(2 * forward),
+    return {"generate": new * decode_floor_ms / 1e3, "log-probs": compute_s(forward),
             "update": compute_s(3 * forward)}
 
 
@@ -188,15 +189,17 @@ def phase_row(name, seconds, peak_bytes, floor_s) -> str:
             f"{max(peak_bytes) / 2**30:.1f} | {floor_s:.3f} | {median / floor_s:.1f} |")
 
 
-def grpo_step(hf, args, group=GRPO_GROUP):
-    """Dr. GRPO steps on the arithmetic task: the fused loop's rollout, the log-probs of policy
-    and reference, one AdamW step with clipping. One cold step, then ``args.steps`` warm ones;
-    per phase the cold time, the warm median and range, the peak memory and the floor."""
+def grpo_step(hf, args, group=GRPO_GROUP, rank=0, world=1):
+    """Dr. GRPO steps on the arithmetic task: the fused loop's rollout, the log-probs of the
+    reference, one AdamW step with clipping. One cold step, then ``args.steps`` warm ones; per
+    phase the cold time, the warm median and range, the peak memory and the floor. Under
+    torchrun (``world`` ranks) each rank generates and scores its share of the groups and DDP
+    all-reduces the gradients; rank 0 reports."""
     import copy
 
     import torch
 
-    from ws_lab.rollout import grpo, hf_attention
+    from ws_lab.rollout import dp, grpo, hf_attention
     from ws_lab.rollout.task import ArithmeticTask
 
     task = ArithmeticTask(hf.config.vocab_size, prompt_len=args.prompt)
@@ -205,7 +208,58 @@ def grpo_step(hf, args, group=GRPO_GROUP):
     if args.grpo_attention == "lab":  # the decode loop keeps its own attention
         for model in (policy, reference):
             model.set_attn_implementation(hf_attention.register())
+    prompts, operands = task.prompts(args.batch // group, "cuda")
+    mine = dp.share(args.batch, group, rank, world)  # world 1: every sequence
+    prompts = prompts.repeat_interleave(group, dim=0)[mine]
+    operands = operands.repeat_interleave(group, dim=0)[mine]
+    if world > 1:
+        dp_check(policy, reference, prompts, group, task.eos_id, args, rank)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-6)
+    rollout = _lab_path(policy, prompts, args.new, "lab-fused", task.eos_id)
+    plan = []  # planned once, on the cold step's rollout (the shapes never change)
+
+    def update(tokens, rewards):
+        if not plan:
+            plan.extend(_grpo_plan(policy, optimizer, prompts, tokens, args, world))
+        micro, score_micro, scorer = plan
+        report = grpo.update(policy, reference, optimizer, prompts, tokens, rewards, group,
+                             task.eos_id, logprobs=args.grpo_logprobs, micro_batch=micro,
+                             score_micro_batch=score_micro, compiled=args.grpo_compile,
+                             scorer=scorer)[0]
+        rollout.model.refresh_weights()  # in place: the next rollout samples the new policy
+        return report
+
+    seconds, peaks, (report, tokens, rewards) = _grpo_steps(policy, rollout, task, operands,
+                                                            update, args, world)
+    if rank == 0:
+        _grpo_table(hf, seconds, peaks, plan, args, group, world)
+        print(f"last step: loss {report.loss:.4f}, ratio {report.ratio:.6f}, k3 KL "
+              f"{report.kl:.2e}, grad norm {report.grad_norm:.3f}, mean reward "
+              f"{rewards.mean():.3f} (rank 0's share)")
+    if args.grpo_anchors:
+        anchor_table(snapshot, prompts, tokens, rewards, group, task.eos_id, plan[:2], args)
+
+
+def _grpo_plan(policy, optimizer, prompts, tokens, args, world):
+    """(the update's slice, the reference log-probs' slice, the DDP scorer or None) within
+    ``--grpo-memory-gib``, the smallest over the ranks."""
+    from ws_lab.rollout import dp, grpo
+
+    budget = args.grpo_memory_gib * 2**30
+    probe = grpo.Scorer(policy, len(tokens), args.grpo_logprobs)
+    micro = grpo.plan_micro_batch(probe, optimizer, prompts, tokens, budget)
+    score_micro = grpo.plan_scoring_batch(policy, prompts, tokens, args.grpo_logprobs, budget)
+    scoring = grpo.compiled_stack(policy) if args.grpo_compile else policy
+    scorer = dp.scorer(scoring, micro, args.grpo_logprobs) if world > 1 else None
+    return micro, score_micro, scorer
+
+
+def _grpo_steps(policy, rollout, task, operands, update, args, world):
+    """The timed steps: per phase its seconds and peak bytes, one entry a step (the first is
+    cold), and the last step's (report, completions, rewards). Ranks start each step
+    together."""
+    import torch
+
     seconds = {name: [] for name in GRPO_PHASES}
     peaks = {name: [] for name in GRPO_PHASES}
 
@@ -219,25 +273,9 @@ def grpo_step(hf, args, group=GRPO_GROUP):
         peaks[name].append(torch.cuda.max_memory_allocated())
         return result
 
-    prompts, operands = task.prompts(args.batch // group, "cuda")
-    prompts = prompts.repeat_interleave(group, dim=0)
-    operands = operands.repeat_interleave(group, dim=0)
-    rollout = _lab_path(policy, prompts, args.new, "lab-fused", task.eos_id)
-
-    micro = []  # planned once, on the cold step's rollout (the shapes never change)
-
-    def update(tokens, rewards):
-        if not micro:
-            micro.append(grpo.plan_micro_batch(grpo.Scorer(policy, len(tokens), args.grpo_logprobs),
-                                               optimizer, prompts, tokens,
-                                               args.grpo_memory_gib * 2**30))
-        report = grpo.update(policy, reference, optimizer, prompts, tokens, rewards, group,
-                             task.eos_id, logprobs=args.grpo_logprobs, micro_batch=micro[0],
-                             compiled=args.grpo_compile)[0]
-        rollout.model.refresh_weights()  # in place: the next rollout samples the new policy
-        return report
-
     for _ in range(1 + args.steps):
+        if world > 1:
+            torch.distributed.barrier()
         out = phase("generate", rollout)
         rewards = task.rewards(operands, out.tokens.cpu())
         policy.train()
@@ -247,50 +285,112 @@ def grpo_step(hf, args, group=GRPO_GROUP):
         seconds["log-probs"].append(report.logprob_s)
         seconds["update"][-1] -= report.logprob_s
         peaks["log-probs"].append(peaks["update"][-1])
-    floor = floor_ms(hf, args.batch, args.prompt, args.new, floors.read_bandwidth_gbps())[0]
-    floors_s = grpo_floors_s(hf, args.batch, args.prompt, args.new, floor)
-    print(f"\nDr. GRPO steps ({args.batch} sequences = {args.batch // group} prompts × {group}, "
-          f"{args.prompt} + {args.new} tokens, scoring attention {args.grpo_attention}, log-probs "
-          f"{args.grpo_logprobs}{', compiled stack' if args.grpo_compile else ''}, micro-batch "
-          f"{micro[0]} from a {args.grpo_memory_gib:g} GiB budget; 1 cold step, then "
-          f"{args.steps} warm):")
+    return seconds, peaks, (report, out.tokens, rewards)
+
+
+def _grpo_table(hf, seconds, peaks, plan, args, group, world):
+    """Rank 0's table of the steps: per phase cold, warm median and range, peak, floor; the
+    step, and the samples a second over every rank."""
+    share = args.batch // world
+    floor = floor_ms(hf, share, args.prompt, args.new, floors.read_bandwidth_gbps())[0]
+    floors_s = grpo_floors_s(hf, share, args.prompt, args.new, floor)
+    ranks = f" over {world} GPUs ({share} a GPU)" if world > 1 else ""
+    print(f"\nDr. GRPO steps ({args.batch} sequences = {args.batch // group} prompts × {group}"
+          f"{ranks}, {args.prompt} + {args.new} tokens, scoring attention {args.grpo_attention}, "
+          f"log-probs {args.grpo_logprobs}{', compiled stack' if args.grpo_compile else ''}, "
+          f"micro-batch {plan[0]} (reference log-probs {plan[1]}) from a "
+          f"{args.grpo_memory_gib:g} GiB budget; 1 cold step, then {args.steps} warm):")
     print("| phase | cold s | warm s (median) | warm range | peak GiB | floor s | × floor |")
     print("|---|---|---|---|---|---|---|")
     for name in GRPO_PHASES:
         print(phase_row(name, seconds[name], peaks[name], floors_s[name]))
-    warm_total = sum(statistics.median(seconds[n][1:]) for n in GRPO_PHASES)
-    print(f"| step | {sum(seconds[n][0] for n in GRPO_PHASES):.3f} | {warm_total:.3f} | | | "
-          f"{sum(floors_s.values()):.3f} | {warm_total / sum(floors_s.values()):.1f} |")
+    steps = [sum(seconds[n][i] for n in GRPO_PHASES) for i in range(len(seconds["update"]))]
+    warm = statistics.median(steps[1:])
+    print(f"| step | {steps[0]:.3f} | {warm:.3f} | {min(steps[1:]):.3f}–{max(steps[1:]):.3f} | | "
+          f"{sum(floors_s.values()):.3f} | {warm / sum(floors_s.values()):.1f} |")
+    print(f"samples a second (warm, every GPU): {args.batch / warm:.1f}")
     print("log-probs and update share one peak (grpo.update runs both); the floors count "
-          f"matmul FLOPs at {floors.TENSOR_TFLOPS:.0f} TFLOP/s and the decode step's HBM floor")
-    print(f"last step: loss {report.loss:.4f}, ratio {report.ratio:.6f}, k3 KL {report.kl:.2e}, "
-          f"grad norm {report.grad_norm:.3f}, mean reward {rewards.mean():.3f}")
-    if args.grpo_anchors:
-        anchor_table(snapshot, prompts, out.tokens, rewards, group, task.eos_id, micro[0], args)
+          f"matmul FLOPs at {floors.TENSOR_TFLOPS:.0f} TFLOP/s and the decode step's HBM floor "
+          "(a GPU's share)")
+
+
+def dp_check(policy, reference, prompts, group, eos_id, args, rank):
+    """Before the timed steps, under torchrun: one update of a fresh copy of the policy, DDP
+    over the ranks, against one process's update of another copy on the union batch (rank 0),
+    both eager with micro-batch 8 on seeded completions and 0 / 1 rewards (the random policy
+    earns none, which would leave only the KL term). Rank 0 prints both reports and the
+    largest parameter difference over the step's largest move, and returns (the one-process
+    report, the DDP one, that difference)."""
+    import copy
+
+    import torch
+    import torch.distributed as dist
+
+    from ws_lab.rollout import dp, grpo
+
+    world = dist.get_world_size()
+    everyone = prompts.shape[0] * world
+    gen = torch.Generator().manual_seed(2)
+    completions = torch.randint(0, policy.config.vocab_size, (everyone, args.new),
+                                generator=gen).to(prompts.device)
+    rewards = torch.randint(0, 2, (everyone,), generator=gen).float()
+    union = torch.cat([torch.zeros_like(prompts)] * world)
+    dist.all_gather_into_tensor(union, prompts.contiguous())
+    mine = dp.share(everyone, group, rank, world)
+
+    def step(batch, scorer_of):
+        model = copy.deepcopy(policy).train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+        report = grpo.update(model, reference, optimizer, union[batch], completions[batch],
+                             rewards[batch], group, eos_id, micro_batch=8, score_micro_batch=8,
+                             logprobs=args.grpo_logprobs, scorer=scorer_of(model))[0]
+        return model, report
+
+    parallel, dp_report = step(mine, lambda m: dp.scorer(m, 8, args.grpo_logprobs))
+    if rank == 0:
+        single, one_report = step(slice(None), lambda m: None)
+        moved = max((s - p).abs().max().item() for s, p in
+                    zip(single.parameters(), policy.parameters()))
+        apart = max((s - q).abs().max().item() for s, q in
+                    zip(single.parameters(), parallel.parameters()))
+        print(f"\ndata-parallel check (eager, micro-batch 8, {everyone} sequences):")
+        for name, r in (("one GPU, union batch", one_report), (f"{world} GPUs, DDP", dp_report)):
+            print(f"  {name}: loss {r.loss:.6f}, ratio {r.ratio:.6f}, k3 KL {r.kl:.3e}, "
+                  f"grad norm {r.grad_norm:.5f}")
+        print(f"  parameters after the step: largest difference {apart:.3e}, largest move "
+              f"{moved:.3e}", flush=True)
+        del single
+    del parallel
+    if prompts.is_cuda:
+        torch.cuda.empty_cache()
+    dist.barrier()
+    return (one_report, dp_report, apart) if rank == 0 else None
 
 
 GRPO_ANCHORS = ("lab", "plain", "compiled", "liger")
 
 
 def anchor_update(name, policy, reference, optimizer, prompts, tokens, rewards, group, eos_id,
-                  micro_batch, args):
+                  micro, args):
     """One update of a path on the anchors' table (issue #47): "lab", ``grpo.update`` as the
     steps above ran it (``args``' log-probs and compiled stack, the policy's attention);
     "plain", the same on HF's SDPA and torch's log-probs; "compiled", plain with the decoder
     stacks under ``torch.compile`` (``grpo.compiled_stack``); "liger", TRL's Liger path
-    (ws_lab/rollout/anchors.py)."""
+    (ws_lab/rollout/anchors.py). ``micro``: the update's slices and the lab's reference
+    log-probs' (the anchors score in the update's slices, as before)."""
     from ws_lab.rollout import anchors, grpo
 
     if name == "liger":
         return anchors.liger_update(policy, reference, optimizer, prompts, tokens, rewards,
-                                    group, eos_id, micro_batch=micro_batch)
+                                    group, eos_id, micro_batch=micro[0])
     lab = name == "lab"
     return grpo.update(policy, reference, optimizer, prompts, tokens, rewards, group, eos_id,
-                       micro_batch=micro_batch, logprobs=args.grpo_logprobs if lab else "torch",
+                       micro_batch=micro[0], score_micro_batch=micro[1 if lab else 0],
+                       logprobs=args.grpo_logprobs if lab else "torch",
                        compiled=name == "compiled" or (lab and args.grpo_compile))[0]
 
 
-def anchor_table(snapshot, prompts, tokens, rewards, group, eos_id, micro_batch, args):
+def anchor_table(snapshot, prompts, tokens, rewards, group, eos_id, micro, args):
     """The lab's update and its anchors on the last rollout's batch, each from the policy as it
     was before the first step (``snapshot``, also the reference) with a fresh AdamW: the first
     update's loss and gradient norm (the same batch and weights: they should agree to bf16's
@@ -302,7 +402,7 @@ def anchor_table(snapshot, prompts, tokens, rewards, group, eos_id, micro_batch,
 
     from ws_lab.rollout import hf_attention
 
-    print(f"\nThe update and its anchors on the last rollout's batch (micro-batch {micro_batch}):")
+    print(f"\nThe update and its anchors on the last rollout's batch (micro-batch {micro[0]}):")
     print("| path | cold s | warm s (median) | warm range | process peak GiB | first loss | "
           "grad norm |")
     print("|---|---|---|---|---|---|---|")
@@ -319,7 +419,7 @@ def anchor_table(snapshot, prompts, tokens, rewards, group, eos_id, micro_batch,
             torch.cuda.synchronize()
             start = time.perf_counter()
             reports.append(anchor_update(name, policy, reference, optimizer, prompts, tokens,
-                                         rewards, group, eos_id, micro_batch, args))
+                                         rewards, group, eos_id, micro, args))
             torch.cuda.synchronize()
             seconds.append(time.perf_counter() - start)
         warm = sorted(seconds[1:])
@@ -349,11 +449,17 @@ def static_report(json_path):
 
 def run(args, paths):
     """The GPU run of ``bench/rollout.py``: every path timed, the table, ``--json``, and the
-    Dr. GRPO step with ``--grpo``."""
+    Dr. GRPO step with ``--grpo``; under torchrun the Dr. GRPO step only, data-parallel."""
     import torch
 
-    from ws_lab.rollout import config
+    from ws_lab.rollout import config, dp
 
+    if dp.launched():
+        rank, world = dp.init()
+        hf = config.random_model(config.qwen2_config(), torch.bfloat16, "cuda")  # seed 0: one
+        grpo_step(hf, args, rank=rank, world=world)  # model on every rank
+        torch.distributed.destroy_process_group()
+        return
     read_gbps = floors.read_bandwidth_gbps()
     hf = config.random_model(config.qwen2_config(), torch.bfloat16, "cuda")
     gen = torch.Generator(device="cuda").manual_seed(0)

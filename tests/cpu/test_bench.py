@@ -129,8 +129,9 @@ def test_the_backward_table_has_the_backward_peers_columns():
 
 
 def test_grpo_floors_follow_the_matmul_flops_and_the_decode_floor():
-    """--grpo's floors (ws_lab.bench_rollout.grpo_floors_s): log-probs 2 forwards, update
-    3 (a forward and a backward of twice its FLOPs), over the layers' matmul parameters on
+    """--grpo's floors (ws_lab.bench_rollout.grpo_floors_s): log-probs 1 forward (the
+    reference's; one inner step scores no old log-probs), update 3 (a forward and a backward
+    of twice its FLOPs), over the layers' matmul parameters on
     every token and the lm_head's on the completion tokens; generate = new × the step floor."""
     from torch import nn
 
@@ -142,7 +143,7 @@ def test_grpo_floors_follow_the_matmul_flops_and_the_decode_floor():
     hf.lm_head = nn.Linear(16, 100, bias=False)
     got = bench_rollout.grpo_floors_s(hf, batch=4, prompt=10, new=6, decode_floor_ms=0.5)
     forward = 2 * (8 * 16 * 4 * 16 + 16 * 100 * 4 * 6)
-    want = {"generate": 6 * 0.5e-3, "log-probs": 2 * forward / (floors.TENSOR_TFLOPS * 1e12),
+    want = {"generate": 6 * 0.5e-3, "log-probs": forward / (floors.TENSOR_TFLOPS * 1e12),
             "update": 3 * forward / (floors.TENSOR_TFLOPS * 1e12)}
     assert got == pytest.approx(want)
 

@@ -284,6 +284,19 @@ def test_bench_mistakes_are_one_line_before_any_work(argv, message):
     assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("argv,message", [
+    ([], "data-parallel Dr. GRPO step only"),
+    (["--grpo", "--grpo-anchors"], "data-parallel Dr. GRPO step only"),
+    (["--grpo", "--batch", "8"], "which 2 ranks do not share evenly"),
+])
+def test_rollout_bench_mistakes_under_torchrun_are_one_line(argv, message):
+    """Under torchrun (RANK / WORLD_SIZE set) the bench times the data-parallel step only."""
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2"}
+    done = _run(str(ROOT / "bench/rollout.py"), *argv, cwd=ROOT, env=env)
+    assert done.returncode == 2, done.stderr[-1000:]
+    assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
 def test_emit_and_repro_path_and_environment_mistakes_are_one_line(tmp_path):
     a_file = tmp_path / "a_file"
     a_file.write_text("")

@@ -127,14 +127,51 @@ def test_logprob_at_t_equals_a_manual_forward(hf):
         torch.testing.assert_close(logp[:, t], expect, rtol=1e-5, atol=1e-5)
 
 
-def _update(hf, rewards, inner_steps=1, micro_batch=2):
+def _update(hf, rewards, inner_steps=1, micro_batch=2, score_micro_batch=None):
     policy, reference = copy.deepcopy(hf), copy.deepcopy(hf)
     prompts = torch.randint(0, hf.config.vocab_size, (4, 6))
     completions = torch.randint(0, hf.config.vocab_size, (4, 5))
     completions[0, 2] = EOS
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
     return grpo.update(policy, reference, optimizer, prompts, completions, torch.tensor(rewards),
-                       group=2, eos_id=EOS, inner_steps=inner_steps, micro_batch=micro_batch)
+                       group=2, eos_id=EOS, inner_steps=inner_steps, micro_batch=micro_batch,
+                       score_micro_batch=score_micro_batch)
+
+
+def test_one_inner_step_scores_no_old_logprobs(hf, monkeypatch):
+    """With one inner step the old log-probs are the policy's own, detached (TRL at
+    num_iterations == 1): the no-grad pass scores the reference alone, and the step equals
+    the first step of a two-step update, which scores the old log-probs too."""
+    scored = []
+    real = grpo.token_logprobs
+
+    def counting(model, *args, **kwargs):
+        if not torch.is_grad_enabled():
+            scored.append(model)
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(grpo, "token_logprobs", counting)
+    torch.manual_seed(0)
+    one = _update(hf, [1.0, 0.0, 0.0, 1.0])
+    assert len(scored) == 1 and one[0].ratio == 1.0
+    torch.manual_seed(0)
+    two = _update(hf, [1.0, 0.0, 0.0, 1.0], inner_steps=2)
+    assert len(scored) == 3
+    assert (one[0].loss, one[0].grad_norm) == (two[0].loss, two[0].grad_norm)
+
+
+def test_the_reference_logprobs_slices_do_not_change_the_update(hf):
+    """The reference's no-grad slices (score_micro_batch) apart from the update's: one
+    sequence a slice and the whole batch give the same step (KL 0 at step 0: a row scored
+    against another's reference would not be)."""
+    reports = []
+    for score_micro_batch in (1, 4):
+        torch.manual_seed(0)
+        reports.append(_update(hf, [1.0, 0.0, 0.0, 1.0], score_micro_batch=score_micro_batch)[0])
+    for report in reports:
+        assert report.kl == pytest.approx(0.0, abs=1e-6)
+    assert reports[0].loss == pytest.approx(reports[1].loss, rel=1e-6, abs=1e-7)
+    assert reports[0].grad_norm == pytest.approx(reports[1].grad_norm, rel=1e-6)
 
 
 def test_the_micro_batch_is_the_largest_divisor_within_the_budget():

@@ -40,7 +40,7 @@ def _step(rank_slice=slice(None), scorer_of=None):
     return [p.detach().clone() for p in policy.parameters()], report
 
 
-def _rank(rank, world, port, out):
+def _rank(rank, world, port, out, compiled=False):
     import torch.distributed as dist
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
@@ -48,7 +48,8 @@ def _rank(rank, world, port, out):
     torch.set_num_threads(1)
     assert dp.init("gloo") == (rank, world)
     share = dp.share(GROUP * GROUPS, GROUP, rank, world)
-    params, report = _step(share, lambda policy: dp.scorer(policy, MICRO))
+    scoring = grpo.compiled_stack if compiled else (lambda policy: policy)
+    params, report = _step(share, lambda policy: dp.scorer(scoring(policy), MICRO))
     if rank == 0:
         torch.save({"params": params, "report": report.__dict__}, out)
     dist.destroy_process_group()
@@ -60,18 +61,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_gloo_ranks_make_the_single_process_update(tmp_path):
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled-stack"])
+def test_two_gloo_ranks_make_the_single_process_update(tmp_path, compiled):
+    """DDP over the policy, or over its ``grpo.compiled_stack`` (a module, so that DDP finds
+    the weights; Inductor's fp32 reductions round apart from eager's: 1e-4)."""
     out = tmp_path / "rank0.pt"
-    torch.multiprocessing.spawn(_rank, args=(2, _free_port(), str(out)), nprocs=2, join=True)
+    torch.multiprocessing.spawn(_rank, args=(2, _free_port(), str(out), compiled), nprocs=2,
+                                join=True)
+    rel = 1e-4 if compiled else 1e-5
     got = torch.load(out)
     want_params, want = _step()
     initial = config.random_model(config.qwen2_config(config.TINY), torch.float32, "cpu")
     moved = max((w - i).abs().max().item() for w, i in zip(want_params, initial.parameters()))
     assert moved > 1e-3  # the step moved the weights: the comparison below can fail
     for g, w in zip(got["params"], want_params):
-        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(g, w, rtol=rel, atol=rel)
     for name in ("loss", "ratio", "kl", "grad_norm"):
-        assert got["report"][name] == pytest.approx(getattr(want, name), rel=1e-5, abs=1e-6), name
+        assert got["report"][name] == pytest.approx(getattr(want, name), rel=rel, abs=1e-6), name
 
 
 def test_a_share_is_whole_groups_on_every_rank():
@@ -87,3 +93,42 @@ def test_init_outside_torchrun_says_so(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(RuntimeError, match="not started by torchrun: RANK, WORLD_SIZE"):
         dp.init("gloo")
+
+
+def _check_rank(rank, world, port, out):
+    """One rank of the bench's data-parallel check (ws_lab.bench_rollout.dp_check), on a
+    process group whose collectives time out: a single-process update that all-reduced beside
+    it (the bug this pins) fails instead of hanging."""
+    import datetime
+    import types
+
+    import torch.distributed as dist
+
+    from ws_lab import bench_rollout
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
+    policy = config.random_model(config.qwen2_config(config.TINY), torch.float32, "cpu")
+    reference = copy.deepcopy(policy)
+    prompts = torch.randint(0, config.TINY["vocab_size"], (GROUP * GROUPS, PROMPT),
+                            generator=torch.Generator().manual_seed(0))
+    args = types.SimpleNamespace(new=COMPLETION, grpo_logprobs="torch")
+    mine = dp.share(GROUP * GROUPS, GROUP, rank, world)
+    got = bench_rollout.dp_check(policy, reference, prompts[mine], GROUP, EOS, args, rank)
+    if rank == 0:
+        torch.save([got[0].__dict__, got[1].__dict__], out)
+    dist.destroy_process_group()
+
+
+def test_the_benchs_data_parallel_check_runs_and_agrees(tmp_path):
+    """bench/rollout.py's check under torchrun: DDP over two ranks against rank 0's update of
+    the union batch alone (which must make no collective of its own), equal reports."""
+    out = tmp_path / "reports.pt"
+    torch.multiprocessing.spawn(_check_rank, args=(2, _free_port(), str(out)), nprocs=2,
+                                join=True)
+    one, parallel = torch.load(out)
+    assert one["grad_norm"] > 0  # the seeded 0 / 1 rewards give a gradient to compare
+    for name in ("loss", "ratio", "kl", "grad_norm"):
+        assert parallel[name] == pytest.approx(one[name], rel=1e-5, abs=1e-6), name

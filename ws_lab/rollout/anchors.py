@@ -17,8 +17,9 @@ def liger_update(policy, reference, optimizer, prompts, completions, rewards, gr
                  eos_id: int, *, clip_eps: float = 0.2, beta: float = 0.04,
                  max_grad_norm: float = 1.0, micro_batch: int = 8,
                  compiled: bool = True) -> grpo.StepReport:
-    """One Dr. GRPO optimizer step as TRL's Liger path takes it: ``grpo.targets`` (old and
-    reference log-probs by ``grpo.token_logprobs``), then per micro-batch the policy's hidden states through
+    """One Dr. GRPO optimizer step as TRL's Liger path takes it: ``grpo.targets`` (the
+    reference log-probs by ``grpo.token_logprobs``; one inner step, so no old ones: Liger
+    takes the policy's own, detached, as TRL does), then per micro-batch the policy's hidden states through
     Liger's fused linear Dr. GRPO loss. Liger divides by responses × completion length, the lab
     by responses, so its loss is scaled by the length before the backward: the step, the
     reported loss and the gradient norm are ``grpo.update``'s. Ratio and KL are not reported
@@ -27,7 +28,7 @@ def liger_update(policy, reference, optimizer, prompts, completions, rewards, gr
 
     sync = torch.cuda.synchronize if prompts.is_cuda else (lambda: None)
     t = grpo.targets(policy, reference, prompts, completions, rewards, group, eos_id,
-                     micro_batch)
+                     micro_batch, old=False)
     start = time.perf_counter()
     batch, length = prompts.shape[0], completions.shape[1]
     loss_fn = LigerFusedLinearGRPOLoss(beta=beta, compiled=compiled, epsilon_low=clip_eps,
@@ -41,7 +42,7 @@ def liger_update(policy, reference, optimizer, prompts, completions, rewards, gr
         hidden = policy.model(ids).last_hidden_state[:, prompts.shape[1] - 1:-1]
         value, _ = loss_fn(hidden, policy.lm_head.weight, completions[lo:hi], t.mask[lo:hi],
                            t.adv[lo:hi], ref_per_token_logps=t.logp_ref[lo:hi],
-                           old_per_token_logps=t.logp_old[lo:hi])
+                           old_per_token_logps=None)
         (value * length * (hi - lo) / batch).backward()  # grpo.update's mean over responses
         total += value.item() * length * (hi - lo)
     grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm)

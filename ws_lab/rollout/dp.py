@@ -4,7 +4,7 @@ gradients (NCCL on GPUs, gloo on CPUs) once per optimizer step. A group never st
 ranks, so its advantages are those of the single-process step; every rank holds the same
 number of responses, so DDP's mean of the ranks' mean losses is the mean over all responses.
 The CPU test (tests/cpu/test_rollout_dp.py) runs two gloo ranks against one process on the
-union batch; bench/rollout.py does not take torchrun yet.
+union batch; ``torchrun --nproc-per-node N bench/rollout.py --grpo`` times the step on N GPUs.
 """
 from __future__ import annotations
 
@@ -13,6 +13,11 @@ import os
 import torch
 
 from ws_lab.rollout.grpo import Scorer
+
+
+def launched() -> bool:
+    """Whether this process was started by torchrun (or another launcher that sets RANK)."""
+    return "RANK" in os.environ
 
 
 def init(backend: str | None = None) -> tuple[int, int]:
@@ -47,8 +52,10 @@ def share(responses: int, group: int, rank: int, world: int) -> slice:
 
 def scorer(policy, micro_batch: int = 8, logprobs: str = "torch") -> torch.nn.Module:
     """The policy's scoring wrapped in DDP (for ``grpo.update(..., scorer=)``): its backward
-    all-reduces the gradients over the default process group."""
+    all-reduces the gradients over the default process group. ``policy``: the model or its
+    ``grpo.compiled_stack``."""
     from torch.nn.parallel import DistributedDataParallel
 
     device_ids = [torch.cuda.current_device()] if next(policy.parameters()).is_cuda else None
     return DistributedDataParallel(Scorer(policy, micro_batch, logprobs), device_ids=device_ids)
+

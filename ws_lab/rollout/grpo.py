@@ -56,13 +56,17 @@ def token_logprobs(model, prompts: torch.Tensor, completions: torch.Tensor,
     return torch.cat(rows)
 
 
-class CompiledStack:
+class CompiledStack(torch.nn.Module):
     """A causal LM as ``token_logprobs`` reads it (``.model``, ``.lm_head``), its decoder stack
-    under ``torch.compile``; the weights stay the model's. Made once per model by
-    ``compiled_stack`` and kept, so every later update replays its graphs."""
+    under ``torch.compile``; the weights stay the model's (a module, so that DDP finds them).
+    Made once per model by ``compiled_stack`` and kept, so every later update replays its
+    graphs."""
 
     def __init__(self, model):
-        self.model = torch.compile(model.model)
+        super().__init__()
+        # static shapes: the no-grad log-probs and the update's slices differ in batch, and a
+        # second shape must not turn the first graph dynamic (notes/rollout.md "Session 41")
+        self.model = torch.compile(model.model, dynamic=False)
         self.lm_head = model.lm_head
 
 
@@ -122,39 +126,64 @@ PROBE_SIZES = (2, 4)
 PEAK_HEADROOM = 1.1  # the fitted peak × this: the allocator's rounding and fragmentation
 
 
+def _peak_line(run, batch: int) -> tuple[float, float]:
+    """(fixed bytes, bytes per sequence): the CUDA allocator's peak while ``run(m)`` runs, at
+    the two probe sizes, as a line in m."""
+    sizes = PROBE_SIZES if batch >= PROBE_SIZES[1] else (1, 2)
+    peaks = []
+    for m in sizes:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        run(m)
+        torch.cuda.synchronize()
+        peaks.append(torch.cuda.max_memory_allocated())
+    per_sequence = (peaks[1] - peaks[0]) / (sizes[1] - sizes[0])
+    return peaks[0] - sizes[0] * per_sequence, per_sequence
+
+
 def training_peak_model(scorer, prompts, completions, optimizer) -> tuple[float, float]:
     """(fixed bytes, bytes per sequence) of a micro-batch's forward and backward through
     ``scorer``, from the CUDA allocator's peak at two probe sizes (gradients cleared before
     each probe and after); ``fixed`` also holds what an Adam step adds (its two moments where
     its state is still empty, and one parameter-sized temporary) and the headroom."""
-    sizes = PROBE_SIZES if prompts.shape[0] >= PROBE_SIZES[1] else (1, 2)
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    peaks = []
-    for m in sizes:
+
+    def probe(m):
         optimizer.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
         no_sync = getattr(scorer, "no_sync", contextlib.nullcontext)  # DDP: no all-reduce
         with no_sync():
             scorer(prompts[:m], completions[:m]).sum().backward()
-        torch.cuda.synchronize()
-        peaks.append(torch.cuda.max_memory_allocated())
+
+    fixed, per_sequence = _peak_line(probe, prompts.shape[0])
     optimizer.zero_grad(set_to_none=True)
-    per_sequence = (peaks[1] - peaks[0]) / (sizes[1] - sizes[0])
-    fixed = peaks[0] - sizes[0] * per_sequence
     if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
         moments = 0 if optimizer.state else 2  # the foreach step's sqrt is the temporary
         fixed += (moments + 1) * sum(p.numel() * p.element_size() for p in params)
     return fixed * PEAK_HEADROOM, per_sequence * PEAK_HEADROOM
 
 
-def plan_micro_batch(scorer, optimizer, prompts, completions, budget_bytes: float) -> int:
-    """The update's micro-batch from memory: ``micro_batch_for`` on ``training_peak_model``,
-    the smallest over the ranks of a process group. On a CPU the whole batch (one slice)."""
+def scoring_peak_model(scorer, prompts, completions) -> tuple[float, float]:
+    """(fixed bytes, bytes per sequence) of a micro-batch's log-probs without gradients (the
+    old and reference log-probs), probed as ``training_peak_model``, headroom included."""
+    def probe(m):
+        with torch.no_grad():
+            scorer(prompts[:m], completions[:m])
+
+    fixed, per_sequence = _peak_line(probe, prompts.shape[0])
+    return fixed * PEAK_HEADROOM, per_sequence * PEAK_HEADROOM
+
+
+def plan_micro_batch(scorer, optimizer, prompts, completions, budget_bytes: float,
+                     grad: bool = True) -> int:
+    """A micro-batch from memory: ``micro_batch_for`` on ``training_peak_model`` (``grad``:
+    the update's forward and backward) or ``scoring_peak_model`` (the log-probs without
+    gradients; ``optimizer`` unused), the smallest over the ranks of a process group. On a CPU
+    the whole batch (one slice)."""
     batch = prompts.shape[0]
     if not prompts.is_cuda or batch == 1:
         return batch
-    fixed, per_sequence = training_peak_model(scorer, prompts, completions, optimizer)
+    fixed, per_sequence = (training_peak_model(scorer, prompts, completions, optimizer) if grad
+                           else scoring_peak_model(scorer, prompts, completions))
     micro = torch.tensor([micro_batch_for(batch, per_sequence, fixed, budget_bytes)])
     import torch.distributed as dist
 
@@ -164,26 +193,38 @@ def plan_micro_batch(scorer, optimizer, prompts, completions, budget_bytes: floa
     return int(micro.item())
 
 
+def plan_scoring_batch(policy, prompts, completions, logprobs: str,
+                       budget_bytes: float | None) -> int:
+    """The old and reference log-probs' slice: ``plan_micro_batch`` without gradients on the
+    eager policy, within ``budget_bytes`` (None: 90 % of the GPU's)."""
+    if budget_bytes is None and prompts.is_cuda:
+        budget_bytes = 0.9 * torch.cuda.get_device_properties(prompts.device).total_memory
+    return plan_micro_batch(Scorer(policy, prompts.shape[0], logprobs), None, prompts,
+                            completions, budget_bytes, grad=False)
+
+
 @dataclass(frozen=True)
 class Targets:
     """What every optimizer step of an update scores against: the completion mask, the
     advantages, the old and reference log-probs, and the seconds those log-probs took."""
     mask: torch.Tensor
     adv: torch.Tensor
-    logp_old: torch.Tensor
+    logp_old: torch.Tensor | None  # None: the policy's own log-probs, detached (one step)
     logp_ref: torch.Tensor
     logprob_s: float
 
 
 def targets(policy, reference, prompts, completions, rewards, group: int, eos_id: int,
-            micro_batch: int, logprobs: str = "torch") -> Targets:
-    """The update's ``Targets``: old and reference log-probs once, without gradients."""
+            micro_batch: int, logprobs: str = "torch", old: bool = True) -> Targets:
+    """The update's ``Targets``: old (``old``) and reference log-probs once, without
+    gradients."""
     sync = torch.cuda.synchronize if prompts.is_cuda else (lambda: None)
     start = time.perf_counter()
     mask = completion_mask(completions, eos_id)
     adv = advantages(rewards.to(mask.device), group)
     with torch.no_grad():
-        logp_old = token_logprobs(policy, prompts, completions, micro_batch, logprobs)
+        logp_old = (token_logprobs(policy, prompts, completions, micro_batch, logprobs)
+                    if old else None)
         logp_ref = token_logprobs(reference, prompts, completions, micro_batch, logprobs)
     sync()
     return Targets(mask, adv, logp_old, logp_ref, time.perf_counter() - start)
@@ -203,7 +244,7 @@ def update(policy, reference, optimizer, prompts, completions, rewards, group: i
            *, inner_steps: int = 1, clip_eps: float = 0.2, beta: float = 0.04,
            max_grad_norm: float = 1.0, micro_batch: int | None = None, scorer=None,
            logprobs: str = "torch", memory_budget: float | None = None,
-           compiled: bool = False) -> list[StepReport]:
+           compiled: bool = False, score_micro_batch: int | None = None) -> list[StepReport]:
     """The Dr. GRPO update after a rollout: old and reference log-probs once, then
     ``inner_steps`` optimizer steps (gradient clipping each), micro-batched backward passes.
     ``micro_batch``: sequences a forward / backward pass takes; None plans it from memory
@@ -212,43 +253,57 @@ def update(policy, reference, optimizer, prompts, completions, rewards, group: i
     the policy's log-probs with gradients (default ``Scorer(policy)``; data-parallel:
     ``ws_lab.rollout.dp.scorer``, a DDP wrapper, with this rank's share of whole groups).
     ``logprobs``: ``token_logprobs``'s backend for the old, reference and policy log-probs.
-    ``compiled``: all three through the models' ``compiled_stack`` (the micro-batch is still
-    planned on the eager stack). Returns one report per inner step (inner step 0's ratio is
-    exactly 1; ``compiled``: 1 within the grad and no-grad graphs' bf16 rounding), its loss,
-    ratio and KL over every rank's responses."""
+    ``compiled``: all three through the models' ``compiled_stack`` (the micro-batches are
+    still planned on the eager stack, which takes more memory). ``score_micro_batch``: the
+    slices of the old and reference log-probs, which keep no activations (None: planned from
+    memory as ``micro_batch``, without gradients). Returns one report per inner step, its
+    loss, ratio and KL (with a DDP ``scorer``: over every rank's responses). Inner step 0's
+    ratio is exactly 1 with one inner step (no old log-probs are computed) and on a CPU; with
+    more on a GPU, 1 within the rounding of the no-grad and grad slices (bf16, other batch
+    sizes, compiled graphs)."""
     sync = torch.cuda.synchronize if prompts.is_cuda else (lambda: None)
     if micro_batch is None:
         probe = Scorer(policy, prompts.shape[0], logprobs) if scorer is None else scorer
         if memory_budget is None and prompts.is_cuda:
             memory_budget = 0.9 * torch.cuda.get_device_properties(prompts.device).total_memory
         micro_batch = plan_micro_batch(probe, optimizer, prompts, completions, memory_budget)
+    if score_micro_batch is None:  # on a CPU the update's slices: bitwise equal log-probs
+        score_micro_batch = (plan_scoring_batch(policy, prompts, completions, logprobs,
+                                                memory_budget) if prompts.is_cuda
+                             else micro_batch)
     scoring, ref_scoring = ((compiled_stack(policy), compiled_stack(reference)) if compiled
                             else (policy, reference))
     scorer = Scorer(scoring, micro_batch, logprobs) if scorer is None else scorer
-    t = targets(scoring, ref_scoring, prompts, completions, rewards, group, eos_id, micro_batch,
-                logprobs)
+    # one inner step: the old log-probs are the policy's own, detached (TRL's
+    # num_iterations == 1), so no forward is spent on them and the ratio is exactly 1
+    t = targets(scoring, ref_scoring, prompts, completions, rewards, group, eos_id,
+                score_micro_batch, logprobs, old=inner_steps > 1)
     reports = []
     batch = prompts.shape[0]
     slices = [(lo, min(lo + micro_batch, batch)) for lo in range(0, batch, micro_batch)]
     for _ in range(inner_steps):
         start = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
-        sums = torch.zeros(4, dtype=torch.float64)  # loss over responses, ratio, kl, slices
+        # loss over responses, ratio, kl, slices: summed on the device (no sync a slice)
+        sums = torch.zeros(4, dtype=torch.float64, device=prompts.device)
         for lo, hi in slices:
             # DDP all-reduces the gradients once, on the last slice's backward
             last = hi == batch
             with contextlib.nullcontext() if last or not hasattr(scorer, "no_sync") \
                     else scorer.no_sync():
                 logp = scorer(prompts[lo:hi], completions[lo:hi])
-                value, ratio, kl = loss(logp, t.logp_old[lo:hi], t.logp_ref[lo:hi],
+                old = logp.detach() if t.logp_old is None else t.logp_old[lo:hi]
+                value, ratio, kl = loss(logp, old, t.logp_ref[lo:hi],
                                         t.adv[lo:hi], t.mask[lo:hi], clip_eps, beta)
                 (value * (hi - lo) / batch).backward()  # the mean over responses, across slices
-            sums += torch.tensor([value.item() * (hi - lo), ratio.item(), kl.item(), 1.0],
-                                 dtype=torch.float64)
+            sums += torch.stack([value.detach() * (hi - lo), ratio.detach(), kl.detach(),
+                                 torch.ones_like(kl)]).double()
         grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm)
         optimizer.step()
         sync()
-        loss_sum, ratio_sum, kl_sum, parts = _over_ranks(sums).tolist()
+        if isinstance(scorer, torch.nn.parallel.DistributedDataParallel):
+            sums = _over_ranks(sums)  # a single-process update beside a process group: its own
+        loss_sum, ratio_sum, kl_sum, parts = sums.tolist()
         responses = batch * parts / len(slices)  # every rank holds the same share
         reports.append(StepReport(t.logprob_s, time.perf_counter() - start, loss_sum / responses,
                                   ratio_sum / parts, kl_sum / parts, float(grad_norm)))
@@ -256,11 +311,9 @@ def update(policy, reference, optimizer, prompts, completions, rewards, group: i
 
 
 def _over_ranks(sums: torch.Tensor) -> torch.Tensor:
-    """``sums`` added over the ranks of the default process group (as is without one)."""
+    """``sums`` added over the ranks of the default process group."""
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return sums
     device = "cuda" if dist.get_backend() == "nccl" else "cpu"
     total = sums.to(device)
     dist.all_reduce(total)
