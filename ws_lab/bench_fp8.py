@@ -1,15 +1,14 @@
 """The FP8 forward's suite for the one runner (``ws_lab.bench``): ``python bench/coop.py --dtype
 fp8``. Each rotating bf16 input set (``bench.input_sets``) is quantised once (``fp8.quantize``:
 e4m3 with per-(B, Hkv) descales), and every FP8 implementation runs on those same bytes and
-descales: the lab's FP8 kernels (``fp8``, ``fp8-coop``, ``fp8-coop-persistent``), FA3's own FP8
-forward (``fa3-fp8``) and TileOPs' FP8 op (``tileops-fp8``). Beside them the lab's persistent
-bf16 kernel and FA3's bf16 forward (``fa3``) run on the bf16 sets the FP8 ones came from: the
-×FA3 column of an FP8 row is its FP8 ÷ bf16 speed-up. rel-err: an FP8 row's against the float64
-oracle on its dequantised inputs (the kernel's own error), a bf16 row's against the oracle on
-the bf16 inputs. TFLOPS count the shape's FLOPs (the same work in either precision). Every row
-of a case is labelled dtype "fp8". The floor row assumes twice the bf16 tensor ceiling (FP8's
-rate on the H100's data sheet; not measured by the lab).
-"""
+descales: the lab's FP8 kernels (``fp8``, ``fp8-coop``, ``fp8-coop-persistent``,
+``fp8-coop-rs``), FA3's own FP8 forward (``fa3-fp8``) and TileOPs' FP8 op (``tileops-fp8``).
+Beside them the lab's persistent bf16 kernel and FA3's bf16 forward (``fa3``) run on the bf16
+sets the FP8 ones came from: the ×FA3 column of an FP8 row is its FP8 ÷ bf16 speed-up. rel-err:
+an FP8 row's against the float64 oracle on its dequantised inputs (the kernel's own error), a
+bf16 row's against the oracle on the bf16 inputs. TFLOPS count the shape's FLOPs (the same work
+in either precision). Every row of a case is labelled dtype "fp8". The floor row assumes twice
+the bf16 tensor ceiling (FP8's rate on the H100's data sheet; not measured by the lab)."""
 from __future__ import annotations
 
 from typing import Callable

@@ -96,6 +96,7 @@ _register("fp8", "ws_lab.kernels.fwd.fp8", kind="fp8")
 _register("fp8-coop", "ws_lab.kernels.fwd.fp8", kind="fp8", design="coop-overlap")
 _register("fp8-coop-persistent", "ws_lab.kernels.fwd.fp8", kind="fp8",
           design="coop-overlap-persistent")
+_register("fp8-coop-rs", "ws_lab.kernels.fwd.fp8", kind="fp8", design="coop-overlap-rs")
 
 
 def get(name: str) -> Kernel:

@@ -114,6 +114,8 @@ class Config:
     heavy_first: bool = False
     persistent: bool = False  # one CTA per SM walking a static, heavy-first list of tiles
     cluster: int = 1  # persistent: 2 = CTA pairs on two Q heads of one KV head, K/V multicast
+    # FP8: P from registers (RS) in the operand key order (``operand_key``), Vᵀ's keys in it too
+    p_in_registers: bool = False
 
 
 CONFIGS = {
@@ -223,6 +225,7 @@ class MainloopContext:
     # commit_p(wg, st, kv): P (in registers) made readable by issue_pv; None where issue_pv
     # reads the registers themselves (RS)
     commit_p: Callable | None = None
+    copy_p: Callable = T.copy  # copy_p(acc_s, p): the scores as P (FP8 RS: operand key order)
     schedulers: tuple = WARP_SCHEDULERS
 
     def scale(self, st: SoftmaxState):
@@ -267,7 +270,7 @@ def serial_mainloop(t: MainloopContext) -> Mainloop:
             t.mask(st.acc_s, kb, row0)
             online_softmax(st.acc_s, st.p, st.acc_o, st.row_max, st.row_max_prev,
                            st.row_rescale, st.block_sum, st.row_sum, HALF, t.bn, t.head_dim_v,
-                           t.scale(st))
+                           t.scale(st), t.copy_p)
             if t.commit_p is not None:
                 t.commit_p(wg, st, kv)
 
@@ -278,6 +281,29 @@ def serial_mainloop(t: MainloopContext) -> Mainloop:
             t.release(kv.v_empty, stage)
 
     return Mainloop(tile=mainloop)
+
+
+def operand_key(a):
+    """The score column that FP8 P's column ``a`` takes (FA3's column permutation): within 16
+    columns the fp32 accumulator gives a thread columns 2q, 2q+1, 2q+8, 2q+9 (q = lane % 4), the
+    e4m3 A operand 4q … 4q+3, so P's column 4u + 2v + w holds score column 8v + 2u + w and no
+    register moves between threads (notes/fp8.md, "Session 40")."""
+    return a - a % 16 + (a % 4 // 2) * 8 + (a % 16 // 4) * 2 + a % 2
+
+
+@T.macro
+def copy_p_operand_order(acc_s, p):
+    for i, a in T.Parallel(HALF, acc_s.shape[1]):
+        p[i, a] = acc_s[i, operand_key(a)]
+
+
+def pv_issuer(fp8: bool, cfg: Config, issue_pv, issue_pv_fp8, issue_pv_fp8_rs):
+    """The PV GEMM's macro: RS on the input dtype; FP8 SS through P's tile, or RS."""
+    if cfg.p_in_registers and not fp8:
+        raise ValueError("p_in_registers is the FP8 kernel's option (bf16 / fp16 P is RS)")
+    if not fp8:
+        return issue_pv
+    return issue_pv_fp8_rs if cfg.p_in_registers else issue_pv_fp8
 
 
 def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtype, softmax_scale,
@@ -328,6 +354,12 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
                      clear_accum=clear)
 
     @T.macro
+    def issue_pv_fp8_rs(wg, st: SoftmaxState, kv: KVStages, stage, clear):
+        """O (+)= P Vᵀᵀ on e4m3 wgmma, P from registers: its columns and Vᵀ's keys are both in
+        the operand key order, so the sum over keys is unchanged."""
+        T.wgmma_gemm(st.p, kv.v_s[stage, :, :], st.acc_o, transpose_B=True, clear_accum=clear)
+
+    @T.macro
     def commit_p_fp8(wg, st: SoftmaxState, kv: KVStages):
         """P (e4m3 registers) → this warpgroup's tile → fence.proxy.async → its 128 threads'
         barrier: only this warpgroup's PV GEMM reads the tile, so the other never waits."""
@@ -339,8 +371,9 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
                         seq_len=seq_len, s_regs=HALF * bn // 128, o_regs=HALF * head_dim_v // 128,
                         p_regs=HALF * bn * (1 if fp8 else 2) // 512, head_dim_v=head_dim_v,
                         scale_log2=scale_log2, mask=mask, issue_qk=issue_qk, release=release,
-                        issue_pv=issue_pv_fp8 if fp8 else issue_pv,
-                        commit_p=commit_p_fp8 if fp8 else None)
+                        issue_pv=pv_issuer(fp8, cfg, issue_pv, issue_pv_fp8, issue_pv_fp8_rs),
+                        commit_p=commit_p_fp8 if fp8 and not cfg.p_in_registers else None,
+                        copy_p=copy_p_operand_order if cfg.p_in_registers else T.copy)
     loop = mainloop_factory(t)
     if cfg.cluster not in (1, 2) or (cfg.cluster == 2 and not cfg.persistent):
         raise ValueError(f"cluster={cfg.cluster}: the persistent kernel runs CTA pairs (2) or "
@@ -446,7 +479,7 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
             k_empty = T.alloc_barrier([CONSUMER_THREADS] * stages)
             v_empty = T.alloc_barrier([CONSUMER_THREADS] * stages)
             if fp8:
-                p_s = T.alloc_shared([2, HALF, bn], dtype)
+                p_s = None if cfg.p_in_registers else T.alloc_shared([2, HALF, bn], dtype)
                 o_s = T.alloc_shared([2, HALF, head_dim_v], "bfloat16")
                 kv = KVStages(k_s, v_s, k_full, k_empty, v_full, v_empty, p_s)
                 f8 = Fp8Epilogue(*f8_descales, o_s)
@@ -569,7 +602,7 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
                 v_full = T.alloc_barrier([PRODUCER_WARP] * stages)
                 k_empty, v_empty = alloc_kv_empty()
                 if fp8:
-                    p_s = T.alloc_shared([2, HALF, bn], dtype)
+                    p_s = None if cfg.p_in_registers else T.alloc_shared([2, HALF, bn], dtype)
                     kv = KVStages(k_s, v_s, k_full, k_empty, v_full, v_empty, p_s)
                     f8 = Fp8Epilogue(*f8_descales, None)
                 else:

@@ -115,7 +115,7 @@ def _mainloop_factory(deferred_sums: bool, split_mask: bool, anchor_probs: bool,
             T.warpgroup_fence_operand(st.acc_o, num_regs=t.o_regs)
             T.warpgroup_fence_operand(st.p, num_regs=t.p_regs)
             t.release(kv.v_empty, prev)
-            commit_probs(st.acc_s, st.p, st.acc_o, st.row_rescale, HALF, t.head_dim_v)
+            commit_probs(st.acc_s, st.p, st.acc_o, st.row_rescale, HALF, t.head_dim_v, t.copy_p)
             if t.commit_p is not None:  # PV_{kb-1} has retired: P's tile is free
                 t.commit_p(wg, st, kv)
 
@@ -141,9 +141,10 @@ def _mainloop_factory(deferred_sums: bool, split_mask: bool, anchor_probs: bool,
                 T.fill(part_sum, 0)  # row_max is -inf: the rescale below multiplies zeros
             row_stats(st, part_sum)
             if clear_first_pv:
-                T.copy(st.acc_s, st.p)  # O holds nothing yet: P_0's PV overwrites it
+                t.copy_p(st.acc_s, st.p)  # O holds nothing yet: P_0's PV overwrites it
             else:
-                commit_probs(st.acc_s, st.p, st.acc_o, st.row_rescale, HALF, t.head_dim_v)
+                commit_probs(st.acc_s, st.p, st.acc_o, st.row_rescale, HALF, t.head_dim_v,
+                             t.copy_p)
             if t.commit_p is not None:
                 t.commit_p(wg, st, kv)
             wait_anchor = T.alloc_shared([HALF, ANCHOR_COLS], "float") if anchor_probs else None

@@ -34,6 +34,10 @@ coop_overlap.py's IntraWGOverlap mainloop on e4m3, P through a tile per warpgrou
 both sanitizers at bn 256); 0.93–0.98 × FA3 FP8, the fastest design here (notes/fp8.md,
 "Session 40"). A third, ``design="coop-overlap-persistent"`` (``fp8-coop-persistent``), runs
 it on the persistent walk at bn 256, O stored from registers: correct, slower than the second.
+A fourth, ``design="coop-overlap-rs"`` (``fp8-coop-rs``), is the second with FA3's PV operand:
+P stays in registers, its columns in ``coop.operand_key``'s order (no register moves between
+threads) and Vᵀ's keys in the same order from the Triton pass, at FA3's bn 224 (lowered
+without spills on the CPU; not yet run on a GPU: notes/fp8.md, "Session 41").
 
 ``quantize(q, k, v, hadamard=)`` makes the inputs from bf16 / fp16 ones: per-(batch, KV head)
 descales, and optionally FA3's incoherent processing (q and k rotated by one random-sign
@@ -63,7 +67,7 @@ TL_FP8 = "float8_e4m3fn"
 INPUT_DTYPE = TL_FP8  # what ``python -m ws_lab.emit fp8`` reports (the shape's dtype is unused)
 OUT_DTYPE = torch.bfloat16
 HEAD_DIMS = ((64, 64), (128, 128))
-DESIGNS = ("pipelined", "coop-overlap", "coop-overlap-persistent")
+DESIGNS = ("pipelined", "coop-overlap", "coop-overlap-persistent", "coop-overlap-rs")
 # TileLang's shared-memory syncs off (the kernel's named barriers order P and O; notes/fp8.md,
 # "Session 38"), reuse off with them (tilelang #2416), and fast math (bare ex2.approx)
 PASS_CONFIGS = {tilelang.PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True,
@@ -177,13 +181,26 @@ def compiled(*args):
     return compile_sm90a(flash_fwd_fp8(*args), PASS_CONFIGS)
 
 
-def coop_config_for(causal: bool, persistent: bool = False, cluster: int = 1) -> coop.Config:
+def coop_config_for(causal: bool, persistent: bool = False, cluster: int = 1,
+                    p_in_registers: bool = False) -> coop.Config:
     """The coop-overlap designs' tiles: bn 256, 2 stages, pingpong on. bn 256 measured 1.06–1.10
     × bn 128 and the grid and sanitizers pass at it (notes/fp8.md, "Session 39", "Session 40").
     Shared memory at D 128: non-persistent 212 KB (Q, K / Vᵀ rings, P, the bf16 O tile);
-    persistent 196 KB (Q's two slots, no O tile: O leaves from registers)."""
+    persistent 196 KB (Q's two slots, no O tile: O leaves from registers).
+    ``p_in_registers`` ("coop-overlap-rs"): FA3's FP8 tile, bn 224, P from registers (S, P
+    and O in flight at bn 256 pass the consumers' 240 registers: ptxas serialises the wgmmas;
+    notes/fp8.md, "Session 41"); 164 KB, no P tile."""
+    if p_in_registers:
+        return coop.Config(224, 2, True, heavy_first=causal, p_in_registers=True)
     return coop.Config(256, 2, True, heavy_first=causal,
                        persistent=persistent, cluster=cluster)
+
+
+def coop_mainloop(cfg: coop.Config):
+    """The IntraWGOverlap mainloop; with P in registers without deferred row sums (their
+    partial sums are 8 registers a thread, which put bn 224 into 304 B of spills at S 8192;
+    notes/fp8.md, "Session 41")."""
+    return coop_overlap.overlap_mainloop(deferred_sums=not cfg.p_in_registers)
 
 
 def compiled_coop(batch, seq_len, heads, kv_heads, head_dim, causal, softmax_scale,
@@ -192,7 +209,7 @@ def compiled_coop(batch, seq_len, heads, kv_heads, head_dim, causal, softmax_sca
     mainloop, compiled under its post-processor passes (``persistent_args``: the persistent
     walk's SM count and L2 bytes)."""
     return coop.compiled(batch, seq_len, heads, kv_heads, head_dim, head_dim, causal,
-                         coop.FP8_DTYPE, softmax_scale, cfg, coop_overlap.overlap_mainloop(),
+                         coop.FP8_DTYPE, softmax_scale, cfg, coop_mainloop(cfg),
                          *persistent_args)
 
 
@@ -201,7 +218,7 @@ def coop_kernel(problem, design: str, cluster, device):
     D, causal, scale); the persistent walk sized to ``device`` and, ``cluster`` None, paired by
     ``cluster_for`` on e4m3 K / V."""
     if design != "coop-overlap-persistent":
-        cfg = coop_config_for(problem[5])
+        cfg = coop_config_for(problem[5], p_in_registers=design == "coop-overlap-rs")
         return cfg, compiled_coop(*problem, cfg)
     sms, l2 = persistent_device_args(device)
     if cluster is None:
@@ -215,24 +232,31 @@ TRANSPOSE_KEYS = 64  # keys a program of ``transpose_v`` moves (all Dv of them)
 
 @triton.jit
 def _transpose_v_kernel(V, Vt, seq_len, seq_pad, kv_heads, stride_b, stride_s, stride_h,
-                        DV: tl.constexpr, KEYS: tl.constexpr):
+                        DV: tl.constexpr, KEYS: tl.constexpr, OPERAND_ORDER: tl.constexpr):
     """Vᵀ[b, h, :, s0:s0 + KEYS] = V[b, s0:s0 + KEYS, h, :]ᵀ, bytes (e4m3 viewed as uint8);
-    zeros for keys in [S, S_pad). Loads run along Dv, stores along the keys."""
+    zeros for keys in [S, S_pad). Loads run along Dv, stores along the keys. OPERAND_ORDER:
+    Vᵀ's column a holds key ``coop.operand_key(a)``, P's order when it stays in registers."""
     s0 = tl.program_id(0) * KEYS
     bh = tl.program_id(1).to(tl.int64)  # 64-bit: the batch offsets may pass 2^31
     b, h = bh // kv_heads, bh % kv_heads
-    keys = s0 + tl.arange(0, KEYS)
+    cols = tl.arange(0, KEYS)
+    keys = s0 + cols
+    if OPERAND_ORDER:  # coop.operand_key, within each 16 keys
+        src = s0 + cols - cols % 16 + (cols % 4 // 2) * 8 + (cols % 16 // 4) * 2 + cols % 2
+    else:
+        src = keys
     dims = tl.arange(0, DV)
-    tile = tl.load(V + b * stride_b + h * stride_h + keys[:, None] * stride_s + dims[None, :],
-                   mask=keys[:, None] < seq_len, other=0)
+    tile = tl.load(V + b * stride_b + h * stride_h + src[:, None] * stride_s + dims[None, :],
+                   mask=src[:, None] < seq_len, other=0)
     tl.store(Vt + bh * DV * seq_pad + dims[:, None] * seq_pad + keys[None, :], tl.trans(tile),
              mask=keys[None, :] < seq_pad)
 
 
-def transpose_v(v: torch.Tensor, block_n: int) -> torch.Tensor:
+def transpose_v(v: torch.Tensor, block_n: int, operand_order: bool = False) -> torch.Tensor:
     """v (B, S, Hkv, Dv), Dv contiguous -> Vᵀ (B, Hkv, Dv, S_pad), the key columns past S zero:
     one Triton pass, no zero-fill (torch's zero-fill and strided e4m3 copy ran at ~0.1 TB/s,
-    5–15 % of the call; notes/fp8.md, "Session 38")."""
+    5–15 % of the call; notes/fp8.md, "Session 38"). ``operand_order``: the keys of each 16 in
+    ``coop.operand_key``'s order (for P in registers)."""
     batch, seq_len, kv_heads, head_dim_v = v.shape
     seq_pad = padded_len(seq_len, block_n)
     vt = torch.empty(batch, kv_heads, head_dim_v, seq_pad, dtype=v.dtype, device=v.device)
@@ -240,7 +264,7 @@ def transpose_v(v: torch.Tensor, block_n: int) -> torch.Tensor:
     grid = (triton.cdiv(seq_pad, TRANSPOSE_KEYS), batch * kv_heads)
     _transpose_v_kernel[grid](src, vt.view(torch.uint8), seq_len, seq_pad, kv_heads,
                               src.stride(0), src.stride(1), src.stride(2), DV=head_dim_v,
-                              KEYS=TRANSPOSE_KEYS)
+                              KEYS=TRANSPOSE_KEYS, OPERAND_ORDER=operand_order)
     return vt
 
 
@@ -254,7 +278,8 @@ def attention_fp8(q, k, v, causal=False, softmax_scale=None, *, q_descale=None, 
     "pipelined" (this file's kernel), "coop-overlap" (kernels/fwd/coop.py's explicit roles
     with coop_overlap's IntraWGOverlap mainloop, e4m3; no lse yet) or
     "coop-overlap-persistent" (the same on the persistent walk; ``cluster``: 2 forces CTA
-    pairs multicasting K / Vᵀ, 1 single CTAs, None picks by ``cluster_for``)."""
+    pairs multicasting K / Vᵀ, 1 single CTAs, None picks by ``cluster_for``) or
+    "coop-overlap-rs" (the second with P from registers at bn 224)."""
     if design not in DESIGNS:
         raise ValueError(f"design must be one of {DESIGNS}, got {design!r}")
     if return_lse and design != "pipelined":
@@ -289,7 +314,7 @@ def attention_fp8(q, k, v, causal=False, softmax_scale=None, *, q_descale=None, 
     else:
         cfg, kernel = coop_kernel(problem, design, cluster, q.device)
     out = torch.empty(q.shape, dtype=OUT_DTYPE, device=q.device) if out is None else out
-    args = [q, k, transpose_v(v, cfg.block_n), *descales, out]
+    args = [q, k, transpose_v(v, cfg.block_n, cfg.p_in_registers), *descales, out]
     if not return_lse:
         kernel(*args)
         return out
@@ -386,6 +411,7 @@ def prim_func_for(shape, config=None, design: str = "pipelined"):
         config = coop_config_for(shape.causal, True, cluster_for(
             shape.batch, shape.seq_len, shape.heads, shape.kv_heads, shape.head_dim,
             shape.head_dim, H100_L2_BYTES, elem_bytes=1))
+    config = config or coop_config_for(shape.causal, p_in_registers=design == DESIGNS[3])
     return coop.coop_fwd(shape.batch, shape.seq_len, shape.heads, shape.kv_heads,
                          shape.head_dim, shape.head_dim, shape.causal, coop.FP8_DTYPE, scale,
-                         config or coop_config_for(shape.causal), coop_overlap.overlap_mainloop())
+                         config, coop_mainloop(config))

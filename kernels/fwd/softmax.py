@@ -151,18 +151,18 @@ def normalize_o(acc_o, row_sum, inv_sum, rows, head_dim_v):
 
 
 @T.macro
-def commit_probs(acc_s, p, acc_o, row_rescale, rows, head_dim_v):
-    """P in the input dtype for the PV GEMM, and O rescaled to the new max. Split from
-    softmax_stats so IntraWGOverlap can run the stats while the previous PV GEMM still reads
-    P and accumulates into O."""
-    T.copy(acc_s, p)
+def commit_probs(acc_s, p, acc_o, row_rescale, rows, head_dim_v, copy_p=T.copy):
+    """P in the input dtype for the PV GEMM (``copy_p``: FP8 RS's key order), and O rescaled
+    to the new max. Split from softmax_stats so IntraWGOverlap can run the stats while the
+    previous PV GEMM still reads P and accumulates into O."""
+    copy_p(acc_s, p)
     rescale_o(acc_o, row_rescale, rows, head_dim_v)
 
 
 @T.macro
 def online_softmax(acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum,
-                   rows, cols, head_dim_v, scale_log2):
+                   rows, cols, head_dim_v, scale_log2, copy_p=T.copy):
     """softmax_stats then commit_probs: one score tile in, P and the rescaled O out."""
     softmax_stats(acc_s, row_max, row_max_prev, row_rescale, block_sum, row_sum, rows, cols,
                   scale_log2)
-    commit_probs(acc_s, p, acc_o, row_rescale, rows, head_dim_v)
+    commit_probs(acc_s, p, acc_o, row_rescale, rows, head_dim_v, copy_p)

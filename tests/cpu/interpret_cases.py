@@ -140,13 +140,16 @@ def _select_kernel(X, Slot, n, K: tl.constexpr, N_PAD: tl.constexpr, SHIFT: tl.c
 
 # the FP8 forward's Vᵀ pass (B, S, Hkv, Dv, block_n): S_pad = S rounded up to block_n
 FP8_TRANSPOSE = [(2, 5, 3, 64, 4), (1, 130, 2, 128, 256)]
+# with P in registers: Vᵀ's keys in coop.operand_key's order (blocks of whole 16s)
+FP8_TRANSPOSE_OPERAND = [(1, 230, 2, 128, 224), (2, 37, 1, 64, 32)]
 
 
 def _fp8_transpose_cases(results):
-    """fp8.transpose_v is V permuted, bit for bit, with zeros in the padded keys: [0, 0]."""
+    """fp8.transpose_v is V permuted, bit for bit, with zeros in the padded keys (and with
+    ``operand_order``, its keys of each 16 in ``coop.operand_key``'s order): [0, 0]."""
     import torch
 
-    from ws_lab.kernels.fwd import fp8
+    from ws_lab.kernels.fwd import coop, fp8
 
     for b, s, h, dv, block_n in FP8_TRANSPOSE:
         v = torch.randn(b, s, h, dv).to(fp8.FP8)
@@ -155,6 +158,15 @@ def _fp8_transpose_cases(results):
         want[..., :s] = v.view(torch.uint8).permute(0, 2, 3, 1)
         exact = vt.dtype == fp8.FP8 and torch.equal(vt.view(torch.uint8), want)
         results[f"fp8-transpose-v-B{b}-S{s}-H{h}-D{dv}-bn{block_n}"] = [0.0 if exact else 1.0, 0.0]
+    for b, s, h, dv, block_n in FP8_TRANSPOSE_OPERAND:
+        v = torch.randn(b, s, h, dv).to(fp8.FP8)
+        vt = fp8.transpose_v(v, block_n, operand_order=True)
+        natural = torch.zeros(b, h, dv, -(-s // block_n) * block_n, dtype=torch.uint8)
+        natural[..., :s] = v.view(torch.uint8).permute(0, 2, 3, 1)
+        order = torch.tensor([coop.operand_key(a) for a in range(natural.shape[-1])])
+        exact = torch.equal(vt.view(torch.uint8), natural[..., order])
+        results[f"fp8-transpose-v-operand-order-S{s}-D{dv}-bn{block_n}"] = [
+            0.0 if exact else 1.0, 0.0]
 
 
 def _rollout_step_cases(results):

@@ -1,6 +1,6 @@
-"""The FP8 forward (kernels/fwd/fp8.py) on a CPU: both designs lower for sm_90a and compile
+"""The FP8 forward (kernels/fwd/fp8.py) on a CPU: the designs lower for sm_90a and compile
 as their docstrings say (every GEMM on e4m3 wgmma (QGMMA) from shared memory, P through shared
-memory, Vᵀ K-major, the producer / consumer register split, no spill, the kernels' own
+memory or, in the RS design, from registers, Vᵀ K-major, the producer / consumer register split, no spill, the kernels' own
 barriers only); bad inputs are refused before a launch; the registry binds each design;
 ``quantize`` and its Hadamard option do what they say, measured with the float64 oracle (Vᵀ's
 Triton pass: tests/cpu/interpret_cases.py)."""
@@ -97,6 +97,43 @@ def test_the_persistent_design_fits_256_key_blocks_and_stores_o_from_registers(
     assert "VDescale[" in emitted.source and "o_s" not in emitted.source
 
 
+def test_the_operand_key_order_moves_no_register_between_threads():
+    """coop.operand_key permutes each 16 columns so that P's e4m3 A-operand columns of lane q
+    (4q … 4q+3) are the fp32 accumulator columns that lane already holds (2q, 2q+1, 2q+8,
+    2q+9)."""
+    for base in (0, 16, 208):
+        keys = [fp8.coop.operand_key(base + a) for a in range(16)]
+        assert sorted(keys) == list(range(base, base + 16))
+        for q in range(4):
+            held = {base + 2 * q, base + 2 * q + 1, base + 2 * q + 8, base + 2 * q + 9}
+            assert set(keys[4 * q:4 * q + 4]) == held
+
+
+@needs_nvcc
+@pytest.mark.parametrize("name,causal", [("train8b-8k", False), ("llama8b-4k", True),
+                                         ("d64-4k", True)])
+def test_the_rs_design_takes_p_from_registers_at_224_keys_without_spills(tmp_path, name,
+                                                                         causal):
+    """``design="coop-overlap-rs"``: the PV GEMM an e4m3 wgmma with P from registers (RS),
+    S = Q Kᵀ on 224-key blocks, no P tile and no P barrier, no spill and no wgmma serialised
+    (ptxas C7512: S, P and O in flight at 256 keys pass the 240 registers), P copied in the
+    operand key order."""
+    shape = shapes.SHAPES[name]
+    shape = shapes.Shape(shape.name, shape.batch, shape.heads, shape.kv_heads, shape.seq_len,
+                         shape.head_dim, shape.head_dim_v, causal, shape.dtype)
+    func = fp8.prim_func_for(shape, design="coop-overlap-rs")
+    emitted = emit.lower_variant("fp8-coop-rs", shape, func, fp8.coop.PASS_CONFIGS)
+    summary = emit.inspect(emitted, tmp_path)
+    d = shape.head_dim
+    assert set(summary.hgmma) == {f"64x{d}x32.F32.E4M3.E4M3.RS", "64x224x32.F32.E4M3.E4M3"}, \
+        summary.format()
+    assert summary.spill_bytes == 0 and summary.stack_frame == 0, summary.format()
+    assert not summary.ptxas_remarks, summary.format()  # C7512: wgmmas serialised
+    assert "p_s" not in emitted.source
+    for barrier in (NamedBarrier.FP8_P_WG1, NamedBarrier.FP8_P_WG2):
+        assert f"__sync_thread_partial({int(barrier)}, 128)" not in emitted.source
+
+
 def test_fp8_forward_refuses_bad_inputs_before_a_launch():
     q = torch.zeros(1, 8, 4, 128, dtype=fp8.FP8)
     kv = torch.zeros(1, 8, 2, 128, dtype=fp8.FP8)
@@ -129,6 +166,7 @@ def test_the_registry_binds_each_fp8_design():
         coop_op(q, kv, kv, return_lse=True)
     assert registry.get("fp8-coop-persistent").fp8_attention.keywords == {
         "design": "coop-overlap-persistent"}
+    assert registry.get("fp8-coop-rs").fp8_attention.keywords == {"design": "coop-overlap-rs"}
     assert registry.get("fp8").fp8_attention.keywords == {}
     with pytest.raises(TypeError, match="fp8 is a fp8 kernel, not a fwd one"):
         registry.get("fp8").attention

@@ -37,7 +37,7 @@ EXPECTED = (2 * len(interpret_cases.PAGED) * len(variants()) + 2 * len(interpret
             + len(interpret_cases.LINEAR) + 2 * sum(e == "split" for *_, e, _ in
                                                     interpret_cases.LINEAR)
             + 1 + len(interpret_cases.SAMPLING) + 2 + len(interpret_cases.SELECT) + 2
-            + len(interpret_cases.FP8_TRANSPOSE))
+            + len(interpret_cases.FP8_TRANSPOSE) + len(interpret_cases.FP8_TRANSPOSE_OPERAND))
 
 
 def test_every_case_ran(interpreted):
