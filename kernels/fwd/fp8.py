@@ -36,8 +36,9 @@ both sanitizers at bn 256); 0.93–0.98 × FA3 FP8, the fastest design here (not
 it on the persistent walk at bn 256, O stored from registers: correct, slower than the second.
 A fourth, ``design="coop-overlap-rs"`` (``fp8-coop-rs``), is the second with FA3's PV operand:
 P stays in registers, its columns in ``coop.operand_key``'s order (no register moves between
-threads) and Vᵀ's keys in the same order from the Triton pass, at FA3's bn 224 (lowered
-without spills on the CPU; not yet run on a GPU: notes/fp8.md, "Session 41").
+threads) and Vᵀ's keys in the same order from the Triton pass, at FA3's bn 224: correct on
+the H200, ahead of the second on the 8k rows and behind it on the 4k ones, where the ragged
+224-key block computes 3.9 % more keys (0.942–0.989 × FA3 FP8; notes/fp8.md, "Session 42").
 
 ``quantize(q, k, v, hadamard=)`` makes the inputs from bf16 / fp16 ones: per-(batch, KV head)
 descales, and optionally FA3's incoherent processing (q and k rotated by one random-sign
@@ -314,7 +315,8 @@ def attention_fp8(q, k, v, causal=False, softmax_scale=None, *, q_descale=None, 
     else:
         cfg, kernel = coop_kernel(problem, design, cluster, q.device)
     out = torch.empty(q.shape, dtype=OUT_DTYPE, device=q.device) if out is None else out
-    args = [q, k, transpose_v(v, cfg.block_n, cfg.p_in_registers), *descales, out]
+    args = [q, k, transpose_v(v, cfg.block_n, operand_order=design == "coop-overlap-rs"),
+            *descales, out]
     if not return_lse:
         kernel(*args)
         return out

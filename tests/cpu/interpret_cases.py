@@ -82,6 +82,7 @@ def main():
     _sampling_cases(results)
     _rollout_step_cases(results)
     _fp8_transpose_cases(results)
+    _fp8_launch_cases(results)
     # the in-kernel merge ran and left its arrival counters zeroed for the next call: [sum, 0]
     counters = triton_common.cached_arrival_counters()
     results["paged-arrival-counters-reset"] = [
@@ -167,6 +168,45 @@ def _fp8_transpose_cases(results):
         exact = torch.equal(vt.view(torch.uint8), natural[..., order])
         results[f"fp8-transpose-v-operand-order-S{s}-D{dv}-bn{block_n}"] = [
             0.0 if exact else 1.0, 0.0]
+
+
+def _fp8_launch_cases(results):
+    """``fp8.attention_fp8``'s launch path for every design, up to the kernel: the compiled
+    kernels replaced by a recorder (nothing here runs TileLang's code), the kernel must get q, k,
+    the Vᵀ its design reads (key columns padded to its block, in ``coop.operand_key``'s order for
+    P in registers), the three descales and ``out``. Session 41's RS change broke this path for
+    the default design, and only the GPU run caught it (notes/fp8.md, "Session 42"): [0, 0]."""
+    from unittest import mock
+
+    import torch
+
+    from ws_lab.kernels.fwd import coop, fp8
+
+    b, s, hq, hkv, d = 1, 37, 4, 2, 64
+    q = torch.randn(b, s, hq, d).to(fp8.FP8)
+    k, v = (torch.randn(b, s, hkv, d).to(fp8.FP8) for _ in range(2))
+    descales = {n: torch.rand(b, hkv) + 0.5 for n in ("q_descale", "k_descale", "v_descale")}
+    for design in fp8.DESIGNS:
+        got = []
+        recorder = lambda *args: lambda *launched: got.append((args, launched))  # noqa: E731
+        lse = design == "pipelined"
+        with mock.patch.object(fp8, "require_device"), \
+                mock.patch.object(fp8, "compiled", recorder), \
+                mock.patch.object(fp8, "compiled_coop", recorder), \
+                mock.patch.object(fp8, "persistent_device_args", lambda device: (132, 50 << 20)):
+            out = torch.empty(q.shape, dtype=fp8.OUT_DTYPE)
+            fp8.attention_fp8(q, k, v, False, out=out, return_lse=lse, design=design, **descales)
+        (built, launched), = got
+        block_n = built[7].block_n
+        natural = torch.zeros(b, hkv, d, fp8.padded_len(s, block_n), dtype=torch.uint8)
+        natural[..., :s] = v.view(torch.uint8).permute(0, 2, 3, 1)
+        if design == "coop-overlap-rs":
+            natural = natural[..., [coop.operand_key(a) for a in range(natural.shape[-1])]]
+        right = (launched[0] is q and launched[1] is k and launched[6] is out
+                 and torch.equal(launched[2].view(torch.uint8), natural)
+                 and all(x.equal(descales[n]) for x, n in zip(launched[3:6], descales))
+                 and len(launched) == 7 + lse)
+        results[f"fp8-launch-{design}"] = [0.0 if right else 1.0, 0.0]
 
 
 def _rollout_step_cases(results):

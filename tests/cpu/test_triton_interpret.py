@@ -3,8 +3,8 @@ fp16; ragged context lengths 1/17/513, scattered blocks, groups 1/4/8/32, head d
 lengths past the table clamped, empty ones zero); the decode layer's linear (bias, SwiGLU,
 split-K summed by the RMSNorm; the lm_head's chunk maxima), the top-k sampler (its selection
 is exactly the k largest, ties included; draws inside the k largest; a cold draw is the
-argmax), the rollout's one-launch bookkeeping; the LLaMA block traced by Dynamo with
-fullgraph=True. Input validation: test_bad_inputs.py."""
+argmax), the rollout's one-launch bookkeeping, the FP8 forward's Vᵀ pass and its wrapper's
+launch path for every design; the LLaMA block traced by Dynamo with fullgraph=True. Input validation: test_bad_inputs.py."""
 import dataclasses
 import json
 import re
@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from tests.cpu import interpret_cases
+from ws_lab.kernels.fwd import fp8
 from ws_lab.paged_cases import variants
 
 
@@ -37,7 +38,8 @@ EXPECTED = (2 * len(interpret_cases.PAGED) * len(variants()) + 2 * len(interpret
             + len(interpret_cases.LINEAR) + 2 * sum(e == "split" for *_, e, _ in
                                                     interpret_cases.LINEAR)
             + 1 + len(interpret_cases.SAMPLING) + 2 + len(interpret_cases.SELECT) + 2
-            + len(interpret_cases.FP8_TRANSPOSE) + len(interpret_cases.FP8_TRANSPOSE_OPERAND))
+            + len(interpret_cases.FP8_TRANSPOSE) + len(interpret_cases.FP8_TRANSPOSE_OPERAND)
+            + len(fp8.DESIGNS))
 
 
 def test_every_case_ran(interpreted):
