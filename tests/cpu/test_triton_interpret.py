@@ -4,7 +4,8 @@ lengths past the table clamped, empty ones zero); the decode layer's linear (bia
 split-K summed by the RMSNorm; the lm_head's chunk maxima), the top-k sampler (its selection
 is exactly the k largest, ties included; draws inside the k largest; a cold draw is the
 argmax), the rollout's one-launch bookkeeping, the FP8 forward's Vᵀ pass and its wrapper's
-launch path for every design; the LLaMA block traced by Dynamo with fullgraph=True. Input validation: test_bad_inputs.py."""
+launch path for every design; the LLaMA block traced by Dynamo with fullgraph=True. Input
+validation: test_bad_inputs.py."""
 import dataclasses
 import json
 import re
