@@ -145,27 +145,38 @@ FP8_TRANSPOSE = [(2, 5, 3, 64, 4), (1, 130, 2, 128, 256)]
 FP8_TRANSPOSE_OPERAND = [(1, 230, 2, 128, 224), (2, 37, 1, 64, 32)]
 
 
+def _expected_vt(v, block_n, operand_order=False):
+    """Vᵀ (B, Hkv, Dv, S_pad) of e4m3 ``v`` (B, S, Hkv, Dv) as uint8, by torch: the key columns
+    padded with zeros to whole ``block_n`` blocks and, with ``operand_order``, in
+    ``coop.operand_key``'s order."""
+    import torch
+
+    from ws_lab.kernels.fwd import coop, fp8
+
+    b, s, h, dv = v.shape
+    vt = torch.zeros(b, h, dv, fp8.padded_len(s, block_n), dtype=torch.uint8)
+    vt[..., :s] = v.view(torch.uint8).permute(0, 2, 3, 1)
+    if operand_order:
+        vt = vt[..., [coop.operand_key(a) for a in range(vt.shape[-1])]]
+    return vt
+
+
 def _fp8_transpose_cases(results):
     """fp8.transpose_v is V permuted, bit for bit, with zeros in the padded keys (and with
     ``operand_order``, its keys of each 16 in ``coop.operand_key``'s order): [0, 0]."""
     import torch
 
-    from ws_lab.kernels.fwd import coop, fp8
+    from ws_lab.kernels.fwd import fp8
 
     for b, s, h, dv, block_n in FP8_TRANSPOSE:
         v = torch.randn(b, s, h, dv).to(fp8.FP8)
         vt = fp8.transpose_v(v, block_n)
-        want = torch.zeros(b, h, dv, -(-s // block_n) * block_n, dtype=torch.uint8)
-        want[..., :s] = v.view(torch.uint8).permute(0, 2, 3, 1)
-        exact = vt.dtype == fp8.FP8 and torch.equal(vt.view(torch.uint8), want)
+        exact = vt.dtype == fp8.FP8 and torch.equal(vt.view(torch.uint8), _expected_vt(v, block_n))
         results[f"fp8-transpose-v-B{b}-S{s}-H{h}-D{dv}-bn{block_n}"] = [0.0 if exact else 1.0, 0.0]
     for b, s, h, dv, block_n in FP8_TRANSPOSE_OPERAND:
         v = torch.randn(b, s, h, dv).to(fp8.FP8)
         vt = fp8.transpose_v(v, block_n, operand_order=True)
-        natural = torch.zeros(b, h, dv, -(-s // block_n) * block_n, dtype=torch.uint8)
-        natural[..., :s] = v.view(torch.uint8).permute(0, 2, 3, 1)
-        order = torch.tensor([coop.operand_key(a) for a in range(natural.shape[-1])])
-        exact = torch.equal(vt.view(torch.uint8), natural[..., order])
+        exact = torch.equal(vt.view(torch.uint8), _expected_vt(v, block_n, operand_order=True))
         results[f"fp8-transpose-v-operand-order-S{s}-D{dv}-bn{block_n}"] = [
             0.0 if exact else 1.0, 0.0]
 
@@ -180,7 +191,7 @@ def _fp8_launch_cases(results):
 
     import torch
 
-    from ws_lab.kernels.fwd import coop, fp8
+    from ws_lab.kernels.fwd import fp8
 
     b, s, hq, hkv, d = 1, 37, 4, 2, 64
     q = torch.randn(b, s, hq, d).to(fp8.FP8)
@@ -197,13 +208,9 @@ def _fp8_launch_cases(results):
             out = torch.empty(q.shape, dtype=fp8.OUT_DTYPE)
             fp8.attention_fp8(q, k, v, False, out=out, return_lse=lse, design=design, **descales)
         (built, launched), = got
-        block_n = built[7].block_n
-        natural = torch.zeros(b, hkv, d, fp8.padded_len(s, block_n), dtype=torch.uint8)
-        natural[..., :s] = v.view(torch.uint8).permute(0, 2, 3, 1)
-        if design == "coop-overlap-rs":
-            natural = natural[..., [coop.operand_key(a) for a in range(natural.shape[-1])]]
+        want_vt = _expected_vt(v, built[7].block_n, operand_order=design == "coop-overlap-rs")
         right = (launched[0] is q and launched[1] is k and launched[6] is out
-                 and torch.equal(launched[2].view(torch.uint8), natural)
+                 and torch.equal(launched[2].view(torch.uint8), want_vt)
                  and all(x.equal(descales[n]) for x, n in zip(launched[3:6], descales))
                  and len(launched) == 7 + lse)
         results[f"fp8-launch-{design}"] = [0.0 if right else 1.0, 0.0]
