@@ -91,7 +91,6 @@ def _lab_path(hf, prompts, new, path, eos_id):
         return generate(model, prompts, new, Sampling(temperature=1.0, top_k=TOP_K), eos_id,
                         check_every=32, progress=progress)
 
-    run.model = model  # the GRPO step refreshes its weights after each update
     return run
 
 
@@ -226,7 +225,6 @@ def grpo_step(hf, args, group=GRPO_GROUP, rank=0, world=1):
                              task.eos_id, logprobs=args.grpo_logprobs, micro_batch=micro,
                              score_micro_batch=score_micro, compiled=args.grpo_compile,
                              scorer=scorer)[0]
-        rollout.model.refresh_weights()  # in place: the next rollout samples the new policy
         return report
 
     seconds, peaks, (report, tokens, rewards) = _grpo_steps(policy, rollout, task, operands,
@@ -246,10 +244,10 @@ def _grpo_plan(policy, optimizer, prompts, tokens, args, world):
     from ws_lab.rollout import dp, grpo
 
     budget = args.grpo_memory_gib * 2**30
-    probe = grpo.Scorer(policy, len(tokens), args.grpo_logprobs)
+    scoring = grpo.compiled_stack(policy) if args.grpo_compile else policy
+    probe = grpo.Scorer(scoring, len(tokens), args.grpo_logprobs)  # the stack the update runs
     micro = grpo.plan_micro_batch(probe, optimizer, prompts, tokens, budget)
     score_micro = grpo.plan_scoring_batch(policy, prompts, tokens, args.grpo_logprobs, budget)
-    scoring = grpo.compiled_stack(policy) if args.grpo_compile else policy
     scorer = dp.scorer(scoring, micro, args.grpo_logprobs) if world > 1 else None
     return micro, score_micro, scorer
 

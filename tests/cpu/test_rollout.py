@@ -54,11 +54,13 @@ def test_a_model_serves_requests_of_other_prompt_lengths_from_one_kept_state():
     assert len(lab.decode_runs) == 1
 
 
-def test_refreshed_weights_give_a_rebuilt_models_logits():
-    """After the HF weights change (an optimizer step), ``refresh_weights`` brings the packed
-    q|k|v, o, gate|up and down copies up to date in place: the same forced tokens give the
-    logits of a DecodeModel built from the new weights, and the buffers keep their addresses."""
+def test_an_optimizer_step_on_the_hf_model_is_the_decode_models():
+    """The decode model's GEMM weights are the HF model's own (``model.shared_weights``): after
+    a step of an optimizer made before the decode model was built, the same forced tokens give
+    the logits of a decode model built on a copy of the new weights, with no refresh; the
+    buffer keeps its address, and a second decode model on the same HF model reuses it."""
     model = config.random_model(config.qwen2_config(config.TINY), torch.float32, "cpu", seed=4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     lab = DecodeModel(model, 2, 32, attention="sdpa")
     prompts = torch.randint(0, model.config.vocab_size, (2, 7))
     forced = torch.randint(0, model.config.vocab_size, (2, 8))
@@ -68,15 +70,15 @@ def test_refreshed_weights_give_a_rebuilt_models_logits():
                         forced=forced, keep_logits=True).logits
 
     before, address = logits(lab), lab.flat.data_ptr()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    stale = logits(lab)
-    lab.refresh_weights()
-    fresh = logits(lab)
-    torch.testing.assert_close(fresh, logits(DecodeModel(model, 2, 32, attention="sdpa")))
-    assert not torch.allclose(stale, fresh) and not torch.allclose(before, fresh)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    optimizer.step()
+    after = logits(lab)
+    torch.testing.assert_close(after, logits(DecodeModel(copy.deepcopy(model), 2, 32,
+                                                         attention="sdpa")))
+    assert not torch.allclose(before, after)
     assert lab.flat.data_ptr() == address
+    assert DecodeModel(model, 2, 16, attention="sdpa").flat.data_ptr() == address
 
 
 def test_sampling_keeps_to_top_k_and_top_p():
@@ -179,6 +181,20 @@ def test_the_micro_batch_is_the_largest_divisor_within_the_budget():
     assert grpo.micro_batch_for(64, per_sequence=1.0, fixed=10.0, budget=74.0) == 64
     assert grpo.micro_batch_for(12, per_sequence=1.0, fixed=0.0, budget=5.5) == 4
     assert grpo.micro_batch_for(8, per_sequence=1.0, fixed=9.0, budget=5.0) == 1  # none fits
+
+
+def test_the_plan_steps_down_to_the_largest_divisor_whose_measured_peak_fits():
+    """grpo.largest_fitting: from the modelled micro-batch down, divisors only, the first whose
+    measured peak fits; 1 when none does."""
+    tried = []
+
+    def fits(m):
+        tried.append(m)
+        return m <= 4
+
+    assert grpo.largest_fitting(64, 16, fits) == 4 and tried == [16, 8, 4]
+    assert grpo.largest_fitting(12, 12, lambda m: False) == 1
+    assert grpo.largest_fitting(12, 5, lambda m: True) == 4
 
 
 def test_an_unplanned_update_on_the_cpu_takes_the_whole_batch(hf):

@@ -120,71 +120,109 @@ def micro_batch_for(batch: int, per_sequence: float, fixed: float, budget: float
     return max(fits, default=1)
 
 
+def largest_fitting(batch: int, first: int, fits) -> int:
+    """The largest divisor of ``batch`` not above ``first`` for which ``fits(m)``; 1 when none
+    does (a slice of one sequence is the smallest there is)."""
+    for m in range(first, 1, -1):
+        if batch % m == 0 and fits(m):
+            return m
+    return 1
+
+
 # sequences the two probes run (a line fixed + m · per_sequence through them): 2 and 4, where
 # the activations, not the gradients' allocation, set the peak; 1 and 2 for smaller batches
 PROBE_SIZES = (2, 4)
-PEAK_HEADROOM = 1.1  # the fitted peak × this: the allocator's rounding and fragmentation
 
 
-def _peak_line(run, batch: int) -> tuple[float, float]:
-    """(fixed bytes, bytes per sequence): the CUDA allocator's peak while ``run(m)`` runs, at
-    the two probe sizes, as a line in m."""
-    sizes = PROBE_SIZES if batch >= PROBE_SIZES[1] else (1, 2)
-    peaks = []
-    for m in sizes:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        run(m)
-        torch.cuda.synchronize()
-        peaks.append(torch.cuda.max_memory_allocated())
-    per_sequence = (peaks[1] - peaks[0]) / (sizes[1] - sizes[0])
-    return peaks[0] - sizes[0] * per_sequence, per_sequence
-
-
-def training_peak_model(scorer, prompts, completions, optimizer) -> tuple[float, float]:
-    """(fixed bytes, bytes per sequence) of a micro-batch's forward and backward through
-    ``scorer``, from the CUDA allocator's peak at two probe sizes (gradients cleared before
-    each probe and after); ``fixed`` also holds what an Adam step adds (its two moments where
-    its state is still empty, and one parameter-sized temporary) and the headroom."""
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-
-    def probe(m):
-        optimizer.zero_grad(set_to_none=True)
+def _slice_peak(scorer, prompts, completions, m: int, grad: bool) -> tuple[int, int]:
+    """(the allocator's peak, the bytes held after) while ``scorer`` runs a slice of ``m``
+    sequences. With gradients: the second of two forward + backward passes, since every slice
+    after an update's first runs with the gradients already held."""
+    def run():
+        if not grad:
+            with torch.no_grad():
+                scorer(prompts[:m], completions[:m])
+            return
         no_sync = getattr(scorer, "no_sync", contextlib.nullcontext)  # DDP: no all-reduce
         with no_sync():
             scorer(prompts[:m], completions[:m]).sum().backward()
 
-    fixed, per_sequence = _peak_line(probe, prompts.shape[0])
-    optimizer.zero_grad(set_to_none=True)
-    if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
-        moments = 0 if optimizer.state else 2  # the foreach step's sqrt is the temporary
-        fixed += (moments + 1) * sum(p.numel() * p.element_size() for p in params)
-    return fixed * PEAK_HEADROOM, per_sequence * PEAK_HEADROOM
+    if grad:
+        run()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    run()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated(), torch.cuda.memory_allocated()
+
+
+def _peak_line(peak_of, batch: int) -> tuple[float, float]:
+    """(fixed bytes, bytes per sequence): ``peak_of(m)`` at the two probe sizes, as a line."""
+    sizes = PROBE_SIZES if batch >= PROBE_SIZES[1] else (1, 2)
+    peaks = [peak_of(m) for m in sizes]
+    per_sequence = (peaks[1] - peaks[0]) / (sizes[1] - sizes[0])
+    return peaks[0] - sizes[0] * per_sequence, per_sequence
+
+
+def _adam_bytes(optimizer) -> tuple[int, int]:
+    """(the moments an Adam step has still to allocate, its parameter-sized temporary); (0, 0)
+    for another optimizer or none."""
+    if not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+        return 0, 0
+    size = sum(p.numel() * p.element_size() for g in optimizer.param_groups for p in g["params"])
+    return (0 if optimizer.state else 2) * size, size  # the foreach step's sqrt: the temporary
+
+
+def training_peak(scorer, prompts, completions, optimizer, m: int) -> float:
+    """The measured peak of an update at ``m`` sequences a slice: a slice's forward and
+    backward (gradients held) with the Adam moments still to come, or the optimizer step
+    (what the slice leaves held, the moments and the step's temporary), whichever is higher.
+    The gradients are cleared before and after."""
+    moments, temporary = _adam_bytes(optimizer)
+    if optimizer is not None:
+        optimizer.zero_grad(set_to_none=True)
+    peak, held = _slice_peak(scorer, prompts, completions, m, grad=True)
+    if optimizer is not None:
+        optimizer.zero_grad(set_to_none=True)
+    return max(peak, held + temporary) + moments
+
+
+def training_peak_model(scorer, prompts, completions, optimizer) -> tuple[float, float]:
+    """(fixed bytes, bytes per sequence) of ``training_peak``, a line through the probe sizes."""
+    return _peak_line(lambda m: training_peak(scorer, prompts, completions, optimizer, m),
+                      prompts.shape[0])
 
 
 def scoring_peak_model(scorer, prompts, completions) -> tuple[float, float]:
-    """(fixed bytes, bytes per sequence) of a micro-batch's log-probs without gradients (the
-    old and reference log-probs), probed as ``training_peak_model``, headroom included."""
-    def probe(m):
-        with torch.no_grad():
-            scorer(prompts[:m], completions[:m])
-
-    fixed, per_sequence = _peak_line(probe, prompts.shape[0])
-    return fixed * PEAK_HEADROOM, per_sequence * PEAK_HEADROOM
+    """(fixed bytes, bytes per sequence) of a slice's log-probs without gradients (the old and
+    reference log-probs), a line through the probe sizes."""
+    return _peak_line(lambda m: _slice_peak(scorer, prompts, completions, m, grad=False)[0],
+                      prompts.shape[0])
 
 
 def plan_micro_batch(scorer, optimizer, prompts, completions, budget_bytes: float,
                      grad: bool = True) -> int:
-    """A micro-batch from memory: ``micro_batch_for`` on ``training_peak_model`` (``grad``:
-    the update's forward and backward) or ``scoring_peak_model`` (the log-probs without
-    gradients; ``optimizer`` unused), the smallest over the ranks of a process group. On a CPU
-    the whole batch (one slice)."""
+    """A micro-batch from memory: the largest divisor of the batch whose peak, modelled by
+    ``training_peak_model`` (``grad``: the update's forward and backward) or
+    ``scoring_peak_model`` (the log-probs without gradients; ``optimizer`` unused), is within
+    ``budget_bytes``, then run: while its measured peak passes the budget, the next smaller
+    divisor. ``scorer`` is the module the update will run (a compiled stack has its own
+    peak). The smallest over the ranks of a process group; on a CPU the whole batch."""
     batch = prompts.shape[0]
     if not prompts.is_cuda or batch == 1:
         return batch
-    fixed, per_sequence = (training_peak_model(scorer, prompts, completions, optimizer) if grad
-                           else scoring_peak_model(scorer, prompts, completions))
-    micro = torch.tensor([micro_batch_for(batch, per_sequence, fixed, budget_bytes)])
+    if grad:
+        fixed, per_sequence = training_peak_model(scorer, prompts, completions, optimizer)
+
+        def peak(m):
+            return training_peak(scorer, prompts, completions, optimizer, m)
+    else:
+        fixed, per_sequence = scoring_peak_model(scorer, prompts, completions)
+
+        def peak(m):
+            return _slice_peak(scorer, prompts, completions, m, grad=False)[0]
+    first = micro_batch_for(batch, per_sequence, fixed, budget_bytes)
+    micro = torch.tensor([largest_fitting(batch, first, lambda m: peak(m) <= budget_bytes)])
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
@@ -248,13 +286,12 @@ def update(policy, reference, optimizer, prompts, completions, rewards, group: i
     """The Dr. GRPO update after a rollout: old and reference log-probs once, then
     ``inner_steps`` optimizer steps (gradient clipping each), micro-batched backward passes.
     ``micro_batch``: sequences a forward / backward pass takes; None plans it from memory
-    (``plan_micro_batch`` within ``memory_budget`` bytes, default 90 % of the GPU's; a caller
-    that updates often plans once and passes it). ``scorer``: the module whose forward gives
+    (``plan_micro_batch`` on the scorer that runs, within ``memory_budget`` bytes, default 90 %
+    of the GPU's; a caller that updates often plans once and passes it). ``scorer``: the module whose forward gives
     the policy's log-probs with gradients (default ``Scorer(policy)``; data-parallel:
     ``ws_lab.rollout.dp.scorer``, a DDP wrapper, with this rank's share of whole groups).
     ``logprobs``: ``token_logprobs``'s backend for the old, reference and policy log-probs.
-    ``compiled``: all three through the models' ``compiled_stack`` (the micro-batches are
-    still planned on the eager stack, which takes more memory). ``score_micro_batch``: the
+    ``compiled``: all three through the models' ``compiled_stack``. ``score_micro_batch``: the
     slices of the old and reference log-probs, which keep no activations (None: planned from
     memory as ``micro_batch``, without gradients). Returns one report per inner step, its
     loss, ratio and KL (with a DDP ``scorer``: over every rank's responses). Inner step 0's
@@ -262,8 +299,10 @@ def update(policy, reference, optimizer, prompts, completions, rewards, group: i
     more on a GPU, 1 within the rounding of the no-grad and grad slices (bf16, other batch
     sizes, compiled graphs)."""
     sync = torch.cuda.synchronize if prompts.is_cuda else (lambda: None)
+    scoring, ref_scoring = ((compiled_stack(policy), compiled_stack(reference)) if compiled
+                            else (policy, reference))
     if micro_batch is None:
-        probe = Scorer(policy, prompts.shape[0], logprobs) if scorer is None else scorer
+        probe = Scorer(scoring, prompts.shape[0], logprobs) if scorer is None else scorer
         if memory_budget is None and prompts.is_cuda:
             memory_budget = 0.9 * torch.cuda.get_device_properties(prompts.device).total_memory
         micro_batch = plan_micro_batch(probe, optimizer, prompts, completions, memory_budget)
@@ -271,8 +310,6 @@ def update(policy, reference, optimizer, prompts, completions, rewards, group: i
         score_micro_batch = (plan_scoring_batch(policy, prompts, completions, logprobs,
                                                 memory_budget) if prompts.is_cuda
                              else micro_batch)
-    scoring, ref_scoring = ((compiled_stack(policy), compiled_stack(reference)) if compiled
-                            else (policy, reference))
     scorer = Scorer(scoring, micro_batch, logprobs) if scorer is None else scorer
     # one inner step: the old log-probs are the policy's own, detached (TRL's
     # num_iterations == 1), so no forward is spent on them and the ratio is exactly 1

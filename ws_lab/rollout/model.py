@@ -22,6 +22,7 @@ next layer's cached context. Both are hints: the logits are bitwise the same wit
 from __future__ import annotations
 
 import inspect
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +37,61 @@ GEMM_WEIGHTS = ("qkv_w", "o_w", "gate_up_w", "down_w")  # in the order a layer r
 # After layer i's q|k|v GEMM, a side stream asks the L2 for the weights from (i, first) to
 # (i + 1, last), so that the GEMMs that follow find them there (o, which gains least, left out).
 PREFETCH = ("gate_up_w", "qkv_w")
+
+
+def gemm_params(layer) -> dict:
+    """A HF decoder layer's GEMM weights, grouped as the decode step runs them
+    (``GEMM_WEIGHTS``); a group's weights are stacked along their output rows."""
+    att, mlp = layer.self_attn, layer.mlp
+    return {"qkv_w": (att.q_proj.weight, att.k_proj.weight, att.v_proj.weight),
+            "o_w": (att.o_proj.weight,),
+            "gate_up_w": (mlp.gate_proj.weight, mlp.up_proj.weight),
+            "down_w": (mlp.down_proj.weight,)}
+
+
+def qkv_biases(layer) -> tuple:
+    att = layer.self_attn
+    return att.q_proj.bias, att.k_proj.bias, att.v_proj.bias
+
+
+# HF model -> (GEMM weights, q|k|v biases): the buffers its parameters are views of
+_SHARED = weakref.WeakKeyDictionary()
+
+
+def shared_weights(hf_model) -> tuple[torch.Tensor, torch.Tensor]:
+    """(flat GEMM weights, flat q|k|v biases) of a HF Qwen2 model, in the decode step's order.
+    The first call copies the weights in and points the model's parameters at views of the
+    buffers (``Parameter.data``: the optimizer's references stay valid), so every later
+    update of the HF model is an update of the buffers; decode models built later on the same
+    HF model reuse them (notes/rollout.md, "Session 43")."""
+    layers = hf_model.model.layers
+    weights = [p for layer in layers for name in GEMM_WEIGHTS for p in gemm_params(layer)[name]]
+    biases = [b for layer in layers for b in qkv_biases(layer)]
+    shared = _SHARED.get(hf_model)
+    if shared is None or not all(map(_views_of, (weights, biases), shared)):
+        shared = (_repoint(weights), _repoint(biases))
+        _SHARED[hf_model] = shared
+    return shared
+
+
+def _repoint(params) -> torch.Tensor:
+    """``params`` copied back to back into one new buffer, each then a view of it."""
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
+    at = 0
+    for p in params:
+        p.data = flat[at:at + p.numel()].view(p.shape)
+        at += p.numel()
+    return flat
+
+
+def _views_of(params, flat) -> bool:
+    """Whether ``params`` are still the back-to-back views of ``flat`` (``_repoint``)."""
+    at = 0
+    for p in params:
+        if p.data_ptr() != flat.data_ptr() + at * flat.element_size() or not p.is_contiguous():
+            return False
+        at += p.numel()
+    return at == flat.numel()
 
 
 class DecodeModel:
@@ -66,7 +122,6 @@ class DecodeModel:
         self.embed = inner.embed_tokens.weight
         self.norm = inner.norm.weight
         self.lm_head = hf_model.lm_head.weight
-        self.layers = [self._fuse(layer) for layer in inner.layers]
         self._pack()
         cuda = self.device.type == "cuda"
         self.side = torch.cuda.Stream(self.device) if cuda else None
@@ -82,48 +137,32 @@ class DecodeModel:
         # captured once, replayed by every later call
         self.decode_runs = {}
 
-    @staticmethod
-    def _fuse(layer):
-        """One q|k|v and one gate|up weight per layer: two GEMMs where HF runs five."""
-        att, mlp = layer.self_attn, layer.mlp
-        return dict(
-            norm_in=layer.input_layernorm.weight, norm_post=layer.post_attention_layernorm.weight,
-            qkv_w=torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight]),
-            qkv_b=torch.cat([att.q_proj.bias, att.k_proj.bias, att.v_proj.bias]).detach(),
-            o_w=att.o_proj.weight,
-            gate_up_w=torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
-            down_w=mlp.down_proj.weight)
-
     def _pack(self):
-        """Every layer's GEMM weights back to back in one buffer, in the order they run (the
-        weights are copies: ``refresh_weights`` after an update), so that what a GEMM
-        prefetches (``PREFETCH``) is one range, across a layer boundary too."""
-        flat = torch.cat([w[name].detach().reshape(-1)
-                          for w in self.layers for name in GEMM_WEIGHTS])
-        at, self.spans = 0, []
-        for w in self.layers:
+        """One q|k|v and one gate|up weight per layer (two GEMMs where HF runs five), every
+        layer's GEMM weights back to back in one buffer in the order they run, so that what a
+        GEMM prefetches (``PREFETCH``) is one range, across a layer boundary too. The buffer
+        holds the HF model's own weights (``shared_weights``): an optimizer step on the HF
+        model is this model's too, with no copy and no re-capture."""
+        flat, biases = shared_weights(self.hf)
+        at, bias_at, self.layers, self.spans = 0, 0, [], []
+        for layer in self.hf.model.layers:
+            params = gemm_params(layer)
+            w = dict(norm_in=layer.input_layernorm.weight,
+                     norm_post=layer.post_attention_layernorm.weight)
             spans = {}
             for name in GEMM_WEIGHTS:
-                spans[name] = (at, at + w[name].numel())
-                w[name] = flat[at:at + w[name].numel()].view(w[name].shape)
-                at = spans[name][1]
+                rows = sum(p.shape[0] for p in params[name])
+                size = rows * params[name][0].shape[1]
+                spans[name] = (at, at + size)
+                w[name] = flat[at:at + size].view(rows, -1)
+                at += size
+            size = sum(b.numel() for b in qkv_biases(layer))
+            w["qkv_b"] = biases[bias_at:bias_at + size]
+            bias_at += size
+            self.layers.append(w)
             self.spans.append(spans)
         self.flat = flat
         self.set_prefetch(PREFETCH)
-
-    @torch.no_grad()
-    def refresh_weights(self):
-        """After an optimizer step on the HF model: its q|k|v (and bias), o, gate|up and down
-        weights into the packed copies, in place: no allocation, so the captured decode steps
-        (``decode_runs``) stay valid. The norms, the embedding and the lm_head are the HF
-        tensors themselves."""
-        for w, layer in zip(self.layers, self.hf.model.layers):
-            att, mlp = layer.self_attn, layer.mlp
-            torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight], out=w["qkv_w"])
-            torch.cat([att.q_proj.bias, att.k_proj.bias, att.v_proj.bias], out=w["qkv_b"])
-            w["o_w"].copy_(att.o_proj.weight)
-            torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight], out=w["gate_up_w"])
-            w["down_w"].copy_(mlp.down_proj.weight)
 
     def set_prefetch(self, span):
         """``span`` (first, last) or None: layer i prefetches ``flat`` from its ``first`` weight
