@@ -187,40 +187,32 @@ def training_peak(scorer, prompts, completions, optimizer, m: int) -> float:
     return max(peak, held + temporary) + moments
 
 
+def _peak_of(scorer, prompts, completions, optimizer, grad: bool):
+    """m -> the measured peak of a slice of m sequences: ``training_peak`` (``grad``) or the
+    log-probs without gradients (the old and reference log-probs)."""
+    if grad:
+        return lambda m: training_peak(scorer, prompts, completions, optimizer, m)
+    return lambda m: _slice_peak(scorer, prompts, completions, m, grad=False)[0]
+
+
 def training_peak_model(scorer, prompts, completions, optimizer) -> tuple[float, float]:
     """(fixed bytes, bytes per sequence) of ``training_peak``, a line through the probe sizes."""
-    return _peak_line(lambda m: training_peak(scorer, prompts, completions, optimizer, m),
-                      prompts.shape[0])
-
-
-def scoring_peak_model(scorer, prompts, completions) -> tuple[float, float]:
-    """(fixed bytes, bytes per sequence) of a slice's log-probs without gradients (the old and
-    reference log-probs), a line through the probe sizes."""
-    return _peak_line(lambda m: _slice_peak(scorer, prompts, completions, m, grad=False)[0],
-                      prompts.shape[0])
+    return _peak_line(_peak_of(scorer, prompts, completions, optimizer, True), prompts.shape[0])
 
 
 def plan_micro_batch(scorer, optimizer, prompts, completions, budget_bytes: float,
                      grad: bool = True) -> int:
-    """A micro-batch from memory: the largest divisor of the batch whose peak, modelled by
-    ``training_peak_model`` (``grad``: the update's forward and backward) or
-    ``scoring_peak_model`` (the log-probs without gradients; ``optimizer`` unused), is within
-    ``budget_bytes``, then run: while its measured peak passes the budget, the next smaller
-    divisor. ``scorer`` is the module the update will run (a compiled stack has its own
-    peak). The smallest over the ranks of a process group; on a CPU the whole batch."""
+    """A micro-batch from memory: the largest divisor of the batch whose peak, modelled by a
+    line through the probe sizes (``grad``: the update's forward and backward, else the
+    log-probs without gradients; ``optimizer`` then unused), is within ``budget_bytes``, then
+    run: while its measured peak passes the budget, the next smaller divisor. ``scorer`` is
+    the module the update will run (a compiled stack has its own peak). The smallest over the
+    ranks of a process group; on a CPU the whole batch."""
     batch = prompts.shape[0]
     if not prompts.is_cuda or batch == 1:
         return batch
-    if grad:
-        fixed, per_sequence = training_peak_model(scorer, prompts, completions, optimizer)
-
-        def peak(m):
-            return training_peak(scorer, prompts, completions, optimizer, m)
-    else:
-        fixed, per_sequence = scoring_peak_model(scorer, prompts, completions)
-
-        def peak(m):
-            return _slice_peak(scorer, prompts, completions, m, grad=False)[0]
+    peak = _peak_of(scorer, prompts, completions, optimizer, grad)
+    fixed, per_sequence = _peak_line(peak, batch)
     first = micro_batch_for(batch, per_sequence, fixed, budget_bytes)
     micro = torch.tensor([largest_fitting(batch, first, lambda m: peak(m) <= budget_bytes)])
     import torch.distributed as dist
