@@ -279,8 +279,9 @@ def update(policy, reference, optimizer, prompts, completions, rewards, group: i
     ``inner_steps`` optimizer steps (gradient clipping each), micro-batched backward passes.
     ``micro_batch``: sequences a forward / backward pass takes; None plans it from memory
     (``plan_micro_batch`` on the scorer that runs, within ``memory_budget`` bytes, default 90 %
-    of the GPU's; a caller that updates often plans once and passes it). ``scorer``: the module whose forward gives
-    the policy's log-probs with gradients (default ``Scorer(policy)``; data-parallel:
+    of the GPU's; a caller that updates often plans once and passes it). ``scorer``: the
+    module whose forward gives the policy's log-probs with gradients (default a ``Scorer`` of
+    the policy, or of its ``compiled_stack`` when ``compiled``; data-parallel:
     ``ws_lab.rollout.dp.scorer``, a DDP wrapper, with this rank's share of whole groups).
     ``logprobs``: ``token_logprobs``'s backend for the old, reference and policy log-probs.
     ``compiled``: all three through the models' ``compiled_stack``. ``score_micro_batch``: the
