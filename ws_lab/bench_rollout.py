@@ -213,7 +213,7 @@ def grpo_step(hf, args, group=GRPO_GROUP, rank=0, world=1):
     operands = operands.repeat_interleave(group, dim=0)[mine]
     if world > 1:
         dp_check(policy, reference, prompts, group, task.eos_id, args, rank)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-6)
+    optimizer = grpo.adamw(policy.parameters(), lr=1e-6)
     rollout = _lab_path(policy, prompts, args.new, "lab-fused", task.eos_id)
     plan = []  # planned once, on the cold step's rollout (the shapes never change)
 
@@ -338,7 +338,7 @@ def dp_check(policy, reference, prompts, group, eos_id, args, rank):
 
     def step(batch, scorer_of):
         model = copy.deepcopy(policy).train()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+        optimizer = grpo.adamw(model.parameters(), lr=1e-6)
         report = grpo.update(model, reference, optimizer, union[batch], completions[batch],
                              rewards[batch], group, eos_id, micro_batch=8, score_micro_batch=8,
                              logprobs=args.grpo_logprobs, scorer=scorer_of(model))[0]
@@ -372,8 +372,8 @@ def anchor_update(name, policy, reference, optimizer, prompts, tokens, rewards, 
                   micro, args):
     """One update of a path on the anchors' table (issue #47): "lab", ``grpo.update`` as the
     steps above ran it (``args``' log-probs and compiled stack, the policy's attention);
-    "plain", the same on HF's SDPA and torch's log-probs; "compiled", plain with the decoder
-    stacks under ``torch.compile`` (``grpo.compiled_stack``); "liger", TRL's Liger path
+    "plain", the same on HF's SDPA and torch's log-probs; "compiled", plain with HF's decoder
+    stacks under ``torch.compile`` (``grpo.compiled_stack(..., "hf")``); "liger", TRL's Liger path
     (ws_lab/rollout/anchors.py). ``micro``: the update's slices and the lab's reference
     log-probs' (the anchors score in the update's slices, as before)."""
     from ws_lab.rollout import anchors, grpo
@@ -385,7 +385,8 @@ def anchor_update(name, policy, reference, optimizer, prompts, tokens, rewards, 
     return grpo.update(policy, reference, optimizer, prompts, tokens, rewards, group, eos_id,
                        micro_batch=micro[0], score_micro_batch=micro[1 if lab else 0],
                        logprobs=args.grpo_logprobs if lab else "torch",
-                       compiled=name == "compiled" or (lab and args.grpo_compile))[0]
+                       compiled=name == "compiled" or (lab and args.grpo_compile),
+                       decoder="hf" if name == "compiled" else "lab")[0]
 
 
 def anchor_table(snapshot, prompts, tokens, rewards, group, eos_id, micro, args):
@@ -398,7 +399,7 @@ def anchor_table(snapshot, prompts, tokens, rewards, group, eos_id, micro, args)
 
     import torch
 
-    from ws_lab.rollout import hf_attention
+    from ws_lab.rollout import grpo, hf_attention
 
     print(f"\nThe update and its anchors on the last rollout's batch (micro-batch {micro[0]}):")
     print("| path | cold s | warm s (median) | warm range | process peak GiB | first loss | "
@@ -410,7 +411,7 @@ def anchor_table(snapshot, prompts, tokens, rewards, group, eos_id, micro, args)
         policy, reference = copy.deepcopy(snapshot).train(), copy.deepcopy(snapshot).eval()
         for model in (policy, reference):
             model.set_attn_implementation(attention)
-        optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-6)
+        optimizer = grpo.adamw(policy.parameters(), lr=1e-6)
         seconds, reports = [], []
         torch.cuda.reset_peak_memory_stats()
         for _ in range(1 + args.steps):

@@ -1,8 +1,8 @@
 """The Dr. GRPO update's anchors (ws_lab/rollout/anchors.py) on the CPU, fp32, the tiny Qwen2
 config: Liger's fused linear Dr. GRPO loss and the update with Inductor-compiled decoder stacks
-(``grpo.update(compiled=True)``) take the same optimizer step as ``grpo.update`` on the same
-batch (SGD, so the step is the clipped gradient itself; a perturbed reference, so the KL term
-has a gradient)."""
+(``grpo.update(compiled=True)``, the lab's training decoder or HF's) take the same optimizer
+step as ``grpo.update`` on the same batch (SGD, so the step is the clipped gradient itself; a
+perturbed reference, so the KL term has a gradient)."""
 import copy
 
 import pytest
@@ -64,9 +64,11 @@ def test_the_liger_anchor_takes_grpo_updates_step():
     _assert_same_step(got, want)
 
 
-def test_the_compiled_stack_takes_grpo_updates_step():
+@pytest.mark.parametrize("decoder", grpo.DECODERS)
+def test_the_compiled_stack_takes_grpo_updates_step(decoder):
     want = _step(_lab)
-    got = _step(lambda *a: grpo.update(*a, GROUP, EOS, micro_batch=MICRO, compiled=True)[0])
+    got = _step(lambda *a: grpo.update(*a, GROUP, EOS, micro_batch=MICRO, compiled=True,
+                                       decoder=decoder)[0])
     # Inductor's fused fp32 reductions round apart from eager's
     _assert_same_step(got, want, rel=1e-4)
 

@@ -8,6 +8,7 @@ device) over a Hugging Face ``Qwen2ForCausalLM``'s weights, and the Dr. GRPO ste
   loop.py     prefill through HF, then the captured decode step, stopping checked every N steps
   task.py     the synthetic arithmetic task and its verifier (prompts generated, no dataset)
   grpo.py     Dr. GRPO: completion mask, log-probs, clipped loss, k3 KL, one optimizer step
+  train_stack.py  the lab's training decoder over the HF weights (q|k|v as one GEMM)
   dp.py       the same step data-parallel (torch.distributed, DDP): each rank its share of groups
   anchors.py  the update's anchors: the scoring forward under torch.compile, Liger's Dr. GRPO loss
 

@@ -44,7 +44,7 @@ def token_logprobs(model, prompts: torch.Tensor, completions: torch.Tensor,
     rows = []
     for start in range(0, prompts.shape[0], micro_batch):
         ids = torch.cat([prompts, completions], dim=1)[start:start + micro_batch]
-        hidden = model.model(ids).last_hidden_state[:, length - 1:-1]
+        hidden = _hidden_states(model, ids)[:, length - 1:-1]
         target = completions[start:start + micro_batch]
         if backend == "lab":
             flat = registry.decode("token_logprobs").token_logprobs(
@@ -56,29 +56,51 @@ def token_logprobs(model, prompts: torch.Tensor, completions: torch.Tensor,
     return torch.cat(rows)
 
 
-class CompiledStack(torch.nn.Module):
-    """A causal LM as ``token_logprobs`` reads it (``.model``, ``.lm_head``), its decoder stack
-    under ``torch.compile``; the weights stay the model's (a module, so that DDP finds them).
-    Made once per model by ``compiled_stack`` and kept, so every later update replays its
-    graphs."""
+def _hidden_states(model, ids: torch.Tensor) -> torch.Tensor:
+    """The last hidden states (B, T, hidden) of a causal LM or a ``CompiledStack``."""
+    if isinstance(model, CompiledStack):
+        return model.hidden_states(ids)
+    return model.model(ids).last_hidden_state
 
-    def __init__(self, model):
+
+DECODERS = ("lab", "hf")
+
+
+class CompiledStack(torch.nn.Module):
+    """A causal LM as ``token_logprobs`` reads it (``.hidden_states``, ``.lm_head``), its
+    decoder stack under ``torch.compile``: ``"lab"``, the lab's training forward
+    (``train_stack.TrainingDecoder``: q|k|v as one GEMM), or ``"hf"``, HF's own (the anchor).
+    The weights stay the model's (a module, so that DDP finds them). Made once per model and
+    decoder by ``compiled_stack`` and kept, so every later update replays its graphs."""
+
+    def __init__(self, model, decoder: str = "lab"):
         super().__init__()
+        if decoder not in DECODERS:
+            raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
+        from ws_lab.rollout.train_stack import TrainingDecoder
+
+        self.decoder = decoder
         # static shapes: the no-grad log-probs and the update's slices differ in batch, and a
         # second shape must not turn the first graph dynamic (notes/rollout.md "Session 41")
-        self.model = torch.compile(model.model, dynamic=False)
+        self.model = torch.compile(TrainingDecoder(model) if decoder == "lab" else model.model,
+                                   dynamic=False)
         self.lm_head = model.lm_head
+
+    def hidden_states(self, ids: torch.Tensor) -> torch.Tensor:
+        out = self.model(ids)
+        return out if self.decoder == "lab" else out.last_hidden_state
 
 
 _STACKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def compiled_stack(model) -> CompiledStack:
-    """The model's ``CompiledStack`` (Inductor fuses the norms, RoPE and SwiGLU: log-probs +
-    update in 0.58 × plain HF's time on the H100, notes/rollout.md "Session 40")."""
-    if model not in _STACKS:
-        _STACKS[model] = CompiledStack(model)
-    return _STACKS[model]
+def compiled_stack(model, decoder: str = "lab") -> CompiledStack:
+    """The model's ``CompiledStack`` of ``decoder`` (Inductor fuses the norms, RoPE and SwiGLU:
+    log-probs + update in 0.58 × plain HF's time on the H100, notes/rollout.md "Session 40")."""
+    stacks = _STACKS.setdefault(model, {})
+    if decoder not in stacks:
+        stacks[decoder] = CompiledStack(model, decoder)
+    return stacks[decoder]
 
 
 class Scorer(torch.nn.Module):
@@ -164,13 +186,22 @@ def _peak_line(peak_of, batch: int) -> tuple[float, float]:
     return peaks[0] - sizes[0] * per_sequence, per_sequence
 
 
+def adamw(params, lr: float) -> torch.optim.AdamW:
+    """The update's optimizer: AdamW, fused (one kernel over every parameter) where the
+    parameters are on a GPU, else the default. The foreach step took 18 ms of the update's
+    kernel time at 494 M parameters (notes/rollout.md "Session 44")."""
+    params = list(params)
+    return torch.optim.AdamW(params, lr=lr, fused=bool(params) and params[0].is_cuda)
+
+
 def _adam_bytes(optimizer) -> tuple[int, int]:
     """(the moments an Adam step has still to allocate, its parameter-sized temporary); (0, 0)
-    for another optimizer or none."""
+    for another optimizer or none. A fused step works in place: no temporary."""
     if not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
         return 0, 0
     size = sum(p.numel() * p.element_size() for g in optimizer.param_groups for p in g["params"])
-    return (0 if optimizer.state else 2) * size, size  # the foreach step's sqrt: the temporary
+    temporary = 0 if optimizer.defaults.get("fused") else size  # foreach's sqrt(v) temporary
+    return (0 if optimizer.state else 2) * size, temporary
 
 
 def training_peak(scorer, prompts, completions, optimizer, m: int) -> float:
@@ -274,7 +305,8 @@ def update(policy, reference, optimizer, prompts, completions, rewards, group: i
            *, inner_steps: int = 1, clip_eps: float = 0.2, beta: float = 0.04,
            max_grad_norm: float = 1.0, micro_batch: int | None = None, scorer=None,
            logprobs: str = "torch", memory_budget: float | None = None,
-           compiled: bool = False, score_micro_batch: int | None = None) -> list[StepReport]:
+           compiled: bool = False, decoder: str = "lab",
+           score_micro_batch: int | None = None) -> list[StepReport]:
     """The Dr. GRPO update after a rollout: old and reference log-probs once, then
     ``inner_steps`` optimizer steps (gradient clipping each), micro-batched backward passes.
     ``micro_batch``: sequences a forward / backward pass takes; None plans it from memory
@@ -284,7 +316,8 @@ def update(policy, reference, optimizer, prompts, completions, rewards, group: i
     the policy, or of its ``compiled_stack`` when ``compiled``; data-parallel:
     ``ws_lab.rollout.dp.scorer``, a DDP wrapper, with this rank's share of whole groups).
     ``logprobs``: ``token_logprobs``'s backend for the old, reference and policy log-probs.
-    ``compiled``: all three through the models' ``compiled_stack``. ``score_micro_batch``: the
+    ``compiled``: all three through the models' ``compiled_stack`` of ``decoder`` (``"lab"``,
+    the lab's training forward, or ``"hf"``). ``score_micro_batch``: the
     slices of the old and reference log-probs, which keep no activations (None: planned from
     memory as ``micro_batch``, without gradients). Returns one report per inner step, its
     loss, ratio and KL (with a DDP ``scorer``: over every rank's responses). Inner step 0's
@@ -292,8 +325,8 @@ def update(policy, reference, optimizer, prompts, completions, rewards, group: i
     more on a GPU, 1 within the rounding of the no-grad and grad slices (bf16, other batch
     sizes, compiled graphs)."""
     sync = torch.cuda.synchronize if prompts.is_cuda else (lambda: None)
-    scoring, ref_scoring = ((compiled_stack(policy), compiled_stack(reference)) if compiled
-                            else (policy, reference))
+    scoring, ref_scoring = ((compiled_stack(policy, decoder), compiled_stack(reference, decoder))
+                            if compiled else (policy, reference))
     if micro_batch is None:
         probe = Scorer(scoring, prompts.shape[0], logprobs) if scorer is None else scorer
         if memory_budget is None and prompts.is_cuda:
@@ -311,9 +344,12 @@ def update(policy, reference, optimizer, prompts, completions, rewards, group: i
     reports = []
     batch = prompts.shape[0]
     slices = [(lo, min(lo + micro_batch, batch)) for lo in range(0, batch, micro_batch)]
+    # DDP's gradients are views of its buckets (dp.scorer): zeroed in place, not dropped, or
+    # every step would allocate a second set
+    keep_grads = isinstance(scorer, torch.nn.parallel.DistributedDataParallel)
     for _ in range(inner_steps):
         start = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=not keep_grads)
         # loss over responses, ratio, kl, slices: summed on the device (no sync a slice)
         sums = torch.zeros(4, dtype=torch.float64, device=prompts.device)
         for lo, hi in slices:

@@ -1,0 +1,69 @@
+"""The lab's training decoder (ws_lab/rollout/train_stack.py) on the CPU, fp32, the tiny Qwen2
+config: its hidden states and every parameter's gradient (rel-L2 1e-5) equal HF's own
+decoder's; the packed q|k|v projection equals three linears, its weights back to back (one
+GEMM) or not (stacked by a copy), and passes ``torch.library.opcheck``."""
+import copy
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from ws_lab.rollout import config  # noqa: E402
+from ws_lab.rollout.train_stack import TrainingDecoder, qkv_projection  # noqa: E402
+
+
+def _model():
+    return config.random_model(config.qwen2_config(config.TINY), torch.float32, "cpu").train()
+
+
+def _hidden_and_grads(forward, model, ids, weight):
+    model.zero_grad(set_to_none=True)
+    hidden = forward(ids)
+    (hidden * weight).sum().backward()
+    return hidden.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_the_training_decoder_equals_hfs_forward_and_gradients():
+    hf = _model()
+    lab_model = copy.deepcopy(hf)
+    decoder = TrainingDecoder(lab_model)
+    q = lab_model.model.layers[0].self_attn
+    packed = q.k_proj.weight.data_ptr() == (q.q_proj.weight.data_ptr()
+                                            + q.q_proj.weight.numel() * 4)
+    assert packed  # the constructor packed q|k|v back to back
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, config.TINY["vocab_size"], (3, 11), generator=gen)
+    weight = torch.randn(3, 11, config.TINY["hidden_size"], generator=gen)
+    want, want_grads = _hidden_and_grads(lambda i: hf.model(i).last_hidden_state, hf, ids, weight)
+    got, grads = _hidden_and_grads(decoder, lab_model, ids, weight)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert grads.keys() == want_grads.keys()
+    for name, grad in grads.items():  # one dX GEMM sums q, k and v's parts in another order
+        want_grad = want_grads[name]
+        assert (grad - want_grad).norm() <= 1e-5 * want_grad.norm(), name
+
+
+@pytest.mark.parametrize("adjacent", [True, False])
+def test_the_packed_projection_is_three_linears(adjacent):
+    gen = torch.Generator().manual_seed(4)
+    sizes, k = (8, 4, 4), 6
+    flat = torch.randn(sum(sizes) * k, generator=gen)
+    if adjacent:
+        weights = list(flat.split([n * k for n in sizes]))
+        weights = [w.view(n, k) for w, n in zip(weights, sizes)]
+    else:
+        weights = [torch.randn(n, k, generator=gen) for n in sizes]
+    weights = [w.requires_grad_() for w in (weights if not adjacent else
+                                            [torch.nn.Parameter(w) for w in weights])]
+    biases = [torch.randn(n, generator=gen, requires_grad=True) for n in sizes]
+    x = torch.randn(2, 5, k, generator=gen, requires_grad=True)
+    out = qkv_projection(x, weights, biases)
+    want = torch.cat([torch.nn.functional.linear(x, w, b) for w, b in zip(weights, biases)], -1)
+    torch.testing.assert_close(out, want)
+    grad = torch.randn(out.shape, generator=gen)
+    got = torch.autograd.grad(out, [x, *weights, *biases], grad)
+    ref = torch.autograd.grad(want, [x, *weights, *biases], grad)
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b)
+    torch.library.opcheck(qkv_projection, (x, weights, biases))
