@@ -50,9 +50,10 @@ def _parser():
                          "logits then log-softmax in torch, or the lab's kernel chunked over "
                          "the vocabulary (kernels/step/token_logprobs.py); default torch")
     ap.add_argument("--grpo-compile", action="store_true",
-                    help="(with --grpo) the old, reference and policy log-probs through "
-                         "the lab's training decoder (q|k|v as one GEMM) under torch.compile "
-                         "(grpo.compiled_stack; compiled once, in the cold step)")
+                    help="(with --grpo) the old, reference and policy log-probs, and the "
+                         "rollout's prefill, through the lab's training decoder (q|k|v as one "
+                         "GEMM) under torch.compile (grpo.compiled_stack, DecodeModel's "
+                         "prefill='lab'; compiled once, in the cold step)")
     ap.add_argument("--grpo-memory-gib", type=float, default=13.0,
                     help="the update's memory budget (with --grpo): its micro-batch is the "
                          "largest whose probed peak fits (grpo.plan_micro_batch); default 13, "

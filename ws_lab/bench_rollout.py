@@ -76,16 +76,17 @@ def _hf_path(hf, prompts, new, static):
     return run
 
 
-def _lab_path(hf, prompts, new, path, eos_id):
+def _lab_path(hf, prompts, new, path, eos_id, prefill="hf"):
     """``lab-<attention>`` on the lab's GEMMs; ``lab-fused-cublas``: the same loop on cuBLAS
-    GEMMs (the ablation of kernels/step/decode_layer.py's ``linear``)."""
+    GEMMs (the ablation of kernels/step/decode_layer.py's ``linear``). ``prefill``: the
+    ``DecodeModel``'s."""
     from ws_lab.rollout.loop import generate
     from ws_lab.rollout.model import DecodeModel
     from ws_lab.rollout.sampling import Sampling
 
     _, attention, *rest = path.split("-")
     model = DecodeModel(hf, prompts.shape[0], prompts.shape[1] + new, attention,
-                        gemms="torch" if rest == ["cublas"] else "lab")
+                        gemms="torch" if rest == ["cublas"] else "lab", prefill=prefill)
 
     def run(progress=None):
         return generate(model, prompts, new, Sampling(temperature=1.0, top_k=TOP_K), eos_id,
@@ -214,7 +215,8 @@ def grpo_step(hf, args, group=GRPO_GROUP, rank=0, world=1):
     if world > 1:
         dp_check(policy, reference, prompts, group, task.eos_id, args, rank)
     optimizer = grpo.adamw(policy.parameters(), lr=1e-6)
-    rollout = _lab_path(policy, prompts, args.new, "lab-fused", task.eos_id)
+    rollout = _lab_path(policy, prompts, args.new, "lab-fused", task.eos_id,
+                        prefill="lab" if args.grpo_compile else "hf")
     plan = []  # planned once, on the cold step's rollout (the shapes never change)
 
     def update(tokens, rewards):

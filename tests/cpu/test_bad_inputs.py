@@ -619,6 +619,15 @@ def test_decode_model_refuses(batch, capacity, message, tiny_rollout):
         DecodeModel(tiny_rollout[0], batch, capacity, attention="sdpa")
 
 
+@pytest.mark.parametrize("option,value", [("attention", "flash"), ("gemms", "cutlass"),
+                                          ("prefill", "compiled")])
+def test_decode_model_refuses_an_unknown_backend(option, value, tiny_rollout):
+    from ws_lab.rollout.model import DecodeModel
+
+    with pytest.raises(ValueError, match=f"{option} must be one of .* got '{value}'"):
+        DecodeModel(tiny_rollout[0], 2, 32, **{"attention": "sdpa", option: value})
+
+
 def _interp_paged(dtype=torch.float16):
     """A valid paged call on CPU tensors (run under the interpreter)."""
     q = torch.randn(2, 4, 64, dtype=dtype)

@@ -37,6 +37,27 @@ def test_greedy_decoding_equals_hf_generate(heads, kv_heads):
     assert len(set(ref.flatten().tolist())) > 5  # a model whose tokens vary, not one repeated id
 
 
+def test_the_labs_prefill_fills_the_caches_and_logits_as_hfs_does():
+    """``prefill="lab"`` (the training decoder under torch.compile) leaves the caches and the
+    last logits of HF's prefill (fp32, rel-L2 1e-5), and greedy decoding after it equals HF
+    generate."""
+    model = config.random_model(config.qwen2_config(config.TINY), torch.float32, "cpu", seed=5)
+    prompts = torch.randint(0, model.config.vocab_size, (3, 11),
+                            generator=torch.Generator().manual_seed(5))
+    ref, lab = (DecodeModel(model, 3, 64, attention="sdpa", prefill=p) for p in ("hf", "lab"))
+    pairs = [(lab.prefill(prompts), ref.prefill(prompts)), (lab.k_cache, ref.k_cache),
+             (lab.v_cache, ref.v_cache)]
+    for got, want in pairs:  # rel-L2: Inductor's fused fp32 reductions round apart from eager's
+        assert (got - want).norm() <= 1e-5 * want.norm()
+    assert lab.k_cache[:, :, :, :11].abs().sum() > 0  # the prompt's K is there
+    no_eos = model.config.vocab_size + 1
+    tokens = generate(lab, prompts, 16, Sampling(temperature=0), eos_id=no_eos).tokens
+    hf_tokens = model.generate(prompts, attention_mask=torch.ones_like(prompts),
+                               max_new_tokens=16, min_new_tokens=16, do_sample=False,
+                               eos_token_id=None, pad_token_id=0)[:, 11:]
+    assert torch.equal(tokens, hf_tokens)
+
+
 def test_a_model_serves_requests_of_other_prompt_lengths_from_one_kept_state():
     """generate() keeps its state on the model per request shape: a second and third call,
     with shorter and longer prompts, reuse it and still equal HF generate token for token."""
@@ -55,7 +76,7 @@ def test_a_model_serves_requests_of_other_prompt_lengths_from_one_kept_state():
 
 
 def test_an_optimizer_step_on_the_hf_model_is_the_decode_models():
-    """The decode model's GEMM weights are the HF model's own (``model.shared_weights``): after
+    """The decode model's GEMM weights are the HF model's own (``weights.shared_weights``): after
     a step of an optimizer made before the decode model was built, the same forced tokens give
     the logits of a decode model built on a copy of the new weights, with no refresh; the
     buffer keeps its address, and a second decode model on the same HF model reuses it."""

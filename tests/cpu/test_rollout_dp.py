@@ -12,7 +12,7 @@ import torch
 pytest.importorskip("transformers")
 
 from ws_lab.rollout import config, dp, grpo  # noqa: E402
-from ws_lab.rollout.model import shared_weights  # noqa: E402
+from ws_lab.rollout.weights import shared_weights  # noqa: E402
 from ws_lab.rollout.task import EOS  # noqa: E402
 
 GROUP, GROUPS, PROMPT, COMPLETION, MICRO = 2, 4, 6, 5, 2
@@ -32,7 +32,7 @@ def _batch():
 def _step(rank_slice=slice(None), scorer_of=None):
     """One Dr. GRPO step from the seed-0 tiny model: (parameters after it, its report). As in
     the bench, the policy's GEMM weights are views of the decode model's packed buffer,
-    made after the optimizer (``model.shared_weights``)."""
+    made after the optimizer (``weights.shared_weights``)."""
     policy = config.random_model(config.qwen2_config(config.TINY), torch.float32, "cpu")
     reference = copy.deepcopy(policy)
     optimizer = torch.optim.SGD(policy.parameters(), lr=1.0)

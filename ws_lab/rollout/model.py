@@ -22,7 +22,6 @@ next layer's cached context. Both are hints: the logits are bitwise the same wit
 from __future__ import annotations
 
 import inspect
-import weakref
 
 import torch
 import torch.nn.functional as F
@@ -30,77 +29,23 @@ import torch.nn.functional as F
 from ws_lab import registry
 from ws_lab.check import triton_supports
 from ws_lab.rope import apply_rope
+from ws_lab.rollout.weights import GEMM_WEIGHTS, gemm_params, qkv_biases, shared_weights
 
 ATTENTION = ("fused", "sdpa")
 GEMMS = ("lab", "torch")
-GEMM_WEIGHTS = ("qkv_w", "o_w", "gate_up_w", "down_w")  # in the order a layer runs them
+PREFILLS = ("hf", "lab")
 # After layer i's q|k|v GEMM, a side stream asks the L2 for the weights from (i, first) to
 # (i + 1, last), so that the GEMMs that follow find them there (o, which gains least, left out).
 PREFETCH = ("gate_up_w", "qkv_w")
 
 
-def gemm_params(layer) -> dict:
-    """A HF decoder layer's GEMM weights, grouped as the decode step runs them
-    (``GEMM_WEIGHTS``); a group's weights are stacked along their output rows."""
-    att, mlp = layer.self_attn, layer.mlp
-    return {"qkv_w": (att.q_proj.weight, att.k_proj.weight, att.v_proj.weight),
-            "o_w": (att.o_proj.weight,),
-            "gate_up_w": (mlp.gate_proj.weight, mlp.up_proj.weight),
-            "down_w": (mlp.down_proj.weight,)}
-
-
-def qkv_biases(layer) -> tuple:
-    att = layer.self_attn
-    return att.q_proj.bias, att.k_proj.bias, att.v_proj.bias
-
-
-# HF model -> (GEMM weights, q|k|v biases): the buffers its parameters are views of
-_SHARED = weakref.WeakKeyDictionary()
-
-
-def shared_weights(hf_model) -> tuple[torch.Tensor, torch.Tensor]:
-    """(flat GEMM weights, flat q|k|v biases) of a HF Qwen2 model, in the decode step's order.
-    The first call copies the weights in and points the model's parameters at views of the
-    buffers (``Parameter.data``: the optimizer's references stay valid), so every later
-    update of the HF model is an update of the buffers; decode models built later on the same
-    HF model reuse them (notes/rollout.md, "Session 43")."""
-    layers = hf_model.model.layers
-    weights = [p for layer in layers for name in GEMM_WEIGHTS for p in gemm_params(layer)[name]]
-    biases = [b for layer in layers for b in qkv_biases(layer)]
-    shared = _SHARED.get(hf_model)
-    if shared is None or not all(map(_views_of, (weights, biases), shared)):
-        shared = (_repoint(weights), _repoint(biases))
-        _SHARED[hf_model] = shared
-    return shared
-
-
-def _repoint(params) -> torch.Tensor:
-    """``params`` copied back to back into one new buffer, each then a view of it."""
-    flat = torch.cat([p.detach().reshape(-1) for p in params])
-    at = 0
-    for p in params:
-        p.data = flat[at:at + p.numel()].view(p.shape)
-        at += p.numel()
-    return flat
-
-
-def _views_of(params, flat) -> bool:
-    """Whether ``params`` are still the back-to-back views of ``flat`` (``_repoint``)."""
-    at = 0
-    for p in params:
-        if p.data_ptr() != flat.data_ptr() + at * flat.element_size() or not p.is_contiguous():
-            return False
-        at += p.numel()
-    return at == flat.numel()
-
-
 class DecodeModel:
     def __init__(self, hf_model, batch: int, capacity: int, attention: str = "fused",
-                 gemms: str = "lab"):
-        if attention not in ATTENTION:
-            raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")
-        if gemms not in GEMMS:
-            raise ValueError(f"gemms must be one of {GEMMS}, got {gemms!r}")
+                 gemms: str = "lab", prefill: str = "hf"):
+        for name, value, allowed in (("attention", attention, ATTENTION),
+                                     ("gemms", gemms, GEMMS), ("prefill", prefill, PREFILLS)):
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
         for name, value in (("batch", batch), ("capacity", capacity)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -110,6 +55,8 @@ class DecodeModel:
                              f"{cfg.max_position_embeddings} positions")
         self.batch = batch
         self.hf, self.attention, self.capacity = hf_model, attention, capacity
+        self.prefill_with = prefill
+        self.prefill_stack = None  # prefill="lab": the compiled training decoder, made once
         self.lab_gemms = gemms == "lab"
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
@@ -176,8 +123,13 @@ class DecodeModel:
 
     @torch.no_grad()
     def prefill(self, prompts: torch.Tensor) -> torch.Tensor:
-        """Runs the prompts (B, P) through the HF model, copies its K/V (already rotated) into
-        the static caches, returns the last position's logits (B, V)."""
+        """Runs the prompts (B, P) through the HF model (``prefill="hf"``) or the lab's training
+        decoder under ``torch.compile`` (``"lab"``: one graph per prompt length, Inductor's
+        fused norms, RoPE and SwiGLU; HF's eager prefill took 35–40 ms of the Dr. GRPO
+        rollout's 0.227 s, notes/rollout.md "Session 44"), copies its K/V (already rotated)
+        into the static caches, returns the last position's logits (B, V)."""
+        if self.prefill_with == "lab":
+            return self._lab_prefill(prompts)
         from transformers import DynamicCache
 
         cache = DynamicCache()
@@ -189,6 +141,18 @@ class DecodeModel:
             self.k_cache[i, :, :, :length] = layer.keys
             self.v_cache[i, :, :, :length] = layer.values
         return out.logits[:, -1].float()
+
+    def _lab_prefill(self, prompts: torch.Tensor) -> torch.Tensor:
+        if self.prefill_stack is None:
+            from ws_lab.rollout.train_stack import TrainingDecoder
+
+            self.prefill_stack = torch.compile(TrainingDecoder(self.hf), dynamic=False)
+        hidden, kv = self.prefill_stack(prompts, keep_kv=True)
+        length = prompts.shape[1]
+        for i, (k, v) in enumerate(kv):
+            self.k_cache[i, :, :, :length] = k
+            self.v_cache[i, :, :, :length] = v
+        return F.linear(hidden[:, -1], self.lm_head).float()
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -1,8 +1,9 @@
 """The policy's training forward over a HF ``Qwen2ForCausalLM``'s own weights (issue #47): the
-decoder stack as the Dr. GRPO update runs it under ``torch.compile`` (``grpo.compiled_stack``).
+decoder stack as the Dr. GRPO update runs it under ``torch.compile`` (``grpo.compiled_stack``),
+and the decode model's prefill (``DecodeModel(prefill="lab")``, its K / V kept for the caches).
 
 Per layer: RMSNorm, **q|k|v as one GEMM** over the back-to-back weights that
-``model.shared_weights`` keeps (``torch.ops.ws_lab.qkv_projection``, with its backward as one dX
+``weights.shared_weights`` keeps (``torch.ops.ws_lab.qkv_projection``, with its backward as one dX
 and one dW GEMM), RoPE, causal GQA attention (SDPA, or the lab's op when the model is set to
 ``hf_attention.NAME``), o, RMSNorm, SwiGLU, down. Everything but the projection is torch, for
 Inductor to fuse. Packed, q|k|v's forward and backward took 219 µs a layer at 16 × 456 rows
@@ -18,7 +19,7 @@ import torch.nn.functional as F
 
 from ws_lab.rope import apply_rope
 from ws_lab.rollout import hf_attention
-from ws_lab.rollout.model import qkv_biases, shared_weights
+from ws_lab.rollout.weights import qkv_biases, shared_weights
 
 
 def _stacked(parts: list[torch.Tensor]) -> torch.Tensor:
@@ -95,18 +96,22 @@ class TrainingDecoder(torch.nn.Module):
         self.config = cfg
         shared_weights(hf_model)
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, keep_kv: bool = False):
+        """The last hidden states; with ``keep_kv`` also each layer's rotated K and V, (B, Hkv,
+        T, D) each, as a prefill fills a cache with them."""
         inner = self.inner
         hidden = inner.embed_tokens(ids)
         positions = torch.arange(ids.shape[1], device=ids.device)[None]
         cos, sin = inner.rotary_emb(hidden, positions)  # HF's own tables, (1, T, D)
+        kv = []
         for layer in inner.layers:
-            hidden = hidden + self._attention(layer, layer.input_layernorm(hidden),
-                                              cos[:, None], sin[:, None])
+            out = self._attention(layer, layer.input_layernorm(hidden), cos[:, None],
+                                  sin[:, None], kv if keep_kv else None)
+            hidden = hidden + out
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-        return inner.norm(hidden)
+        return (inner.norm(hidden), kv) if keep_kv else inner.norm(hidden)
 
-    def _attention(self, layer, x, cos, sin):
+    def _attention(self, layer, x, cos, sin, kv):
         att = layer.self_attn
         batch, length, _ = x.shape
         weights = [att.q_proj.weight, att.k_proj.weight, att.v_proj.weight]
@@ -117,6 +122,8 @@ class TrainingDecoder(torch.nn.Module):
         k = k.view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
         v = v.view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if kv is not None:
+            kv.append((k, v))
         if self.config._attn_implementation == hf_attention.NAME:
             out = hf_attention.lab_attention(q.transpose(1, 2).contiguous(),
                                              k.transpose(1, 2).contiguous(),
