@@ -30,9 +30,9 @@ def _batch():
 
 
 def _step(rank_slice=slice(None), scorer_of=None):
-    """One Dr. GRPO step from the seed-0 tiny model: (parameters after it, its report). As in
-    the bench, the policy's GEMM weights are views of the decode model's packed buffer,
-    made after the optimizer (``weights.shared_weights``)."""
+    """One Dr. GRPO step from the seed-0 tiny model: (parameters after it, its report, how many
+    storages the gradients live in). As in the bench, the policy's GEMM weights are views of
+    the decode model's packed buffer, made after the optimizer (``weights.shared_weights``)."""
     policy = config.random_model(config.qwen2_config(config.TINY), torch.float32, "cpu")
     reference = copy.deepcopy(policy)
     optimizer = torch.optim.SGD(policy.parameters(), lr=1.0)
@@ -41,7 +41,8 @@ def _step(rank_slice=slice(None), scorer_of=None):
     scorer = scorer_of(policy) if scorer_of else None
     report = grpo.update(policy, reference, optimizer, prompts, completions, rewards, GROUP, EOS,
                          micro_batch=MICRO, scorer=scorer)[0]
-    return [p.detach().clone() for p in policy.parameters()], report
+    storages = {p.grad.untyped_storage().data_ptr() for p in policy.parameters()}
+    return [p.detach().clone() for p in policy.parameters()], report, len(storages)
 
 
 def _rank(rank, world, port, out, compiled=False):
@@ -53,9 +54,9 @@ def _rank(rank, world, port, out, compiled=False):
     assert dp.init("gloo") == (rank, world)
     share = dp.share(GROUP * GROUPS, GROUP, rank, world)
     scoring = grpo.compiled_stack if compiled else (lambda policy: policy)
-    params, report = _step(share, lambda policy: dp.scorer(scoring(policy), MICRO))
+    params, report, storages = _step(share, lambda policy: dp.scorer(scoring(policy), MICRO))
     if rank == 0:
-        torch.save({"params": params, "report": report.__dict__}, out)
+        torch.save({"params": params, "report": report.__dict__, "storages": storages}, out)
     dist.destroy_process_group()
 
 
@@ -74,7 +75,7 @@ def test_two_gloo_ranks_make_the_single_process_update(tmp_path, compiled):
                                 join=True)
     rel = 1e-4 if compiled else 1e-5
     got = torch.load(out)
-    want_params, want = _step()
+    want_params, want, own_storages = _step()
     initial = config.random_model(config.qwen2_config(config.TINY), torch.float32, "cpu")
     moved = max((w - i).abs().max().item() for w, i in zip(want_params, initial.parameters()))
     assert moved > 1e-3  # the step moved the weights: the comparison below can fail
@@ -82,6 +83,8 @@ def test_two_gloo_ranks_make_the_single_process_update(tmp_path, compiled):
         torch.testing.assert_close(g, w, rtol=rel, atol=rel)
     for name in ("loss", "ratio", "kl", "grad_norm"):
         assert got["report"][name] == pytest.approx(getattr(want, name), rel=rel, abs=1e-6), name
+    # under DDP the gradients are views of its buckets (one here), not one tensor a parameter
+    assert got["storages"] == 1 < own_storages
 
 
 def test_a_share_is_whole_groups_on_every_rank():
