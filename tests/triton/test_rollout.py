@@ -161,3 +161,39 @@ def test_the_planned_micro_batch_keeps_the_update_within_its_budget(hf):
     grpo.update(policy, reference, optimizer, prompts, completions, torch.rand(16), 8, vocab,
                 micro_batch=micro)
     assert torch.cuda.max_memory_allocated() <= budget
+
+
+def test_the_labs_prefill_matches_hfs(hf):
+    """``prefill="lab"`` (the training decoder under torch.compile) fills the caches and gives
+    the last logits of HF's prefill (rel-L2 ≤ LOGITS_TOLERANCE, bf16)."""
+    prompts = torch.randint(0, hf.config.vocab_size, (BATCH, PROMPT), device="cuda")
+    ref, lab = (DecodeModel(hf, BATCH, PROMPT + 16, "fused", prefill=p) for p in ("hf", "lab"))
+    pairs = [(lab.prefill(prompts), ref.prefill(prompts)), (lab.k_cache, ref.k_cache),
+             (lab.v_cache, ref.v_cache)]
+    for name, (got, want) in zip(("logits", "k_cache", "v_cache"), pairs):
+        assert oracle.rel_l2(got, want) <= LOGITS_TOLERANCE, name
+
+
+def test_the_training_decoder_errs_as_hfs_decoder_does_in_bf16(hf):
+    """Against HF's decoder in float64 (autograd through the reference), the lab's training
+    decoder in bf16 errs no more than 1.5 × HF's own bf16 decoder, on the hidden states and
+    every parameter's gradient (2 sequences of 128 tokens)."""
+    from ws_lab.rollout.train_stack import TrainingDecoder
+
+    model, reference = deepcopy(hf).train(), deepcopy(hf).double().train()
+    decoder = TrainingDecoder(model)
+    ids = torch.randint(0, hf.config.vocab_size, (2, 128), device="cuda")
+    weight = torch.randn(2, 128, hf.config.hidden_size, device="cuda", dtype=torch.float64)
+
+    def hidden_and_grads(forward, module):
+        module.zero_grad(set_to_none=True)
+        out = forward(ids)
+        (out * weight.to(out.dtype)).sum().backward()
+        return [out.detach()] + [p.grad for p in module.parameters()]
+
+    want = hidden_and_grads(lambda i: reference.model(i).last_hidden_state, reference)
+    own = hidden_and_grads(lambda i: hf.model(i).last_hidden_state, hf)
+    got = hidden_and_grads(decoder, model)
+    hf.zero_grad(set_to_none=True)
+    for index, (lab, fp, ref) in enumerate(zip(got, own, want)):
+        assert oracle.rel_l2(lab, ref) <= 1.5 * oracle.rel_l2(fp, ref) + 1e-4, index
