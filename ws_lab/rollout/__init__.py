@@ -3,9 +3,10 @@
 device) over a Hugging Face ``Qwen2ForCausalLM``'s weights, and the Dr. GRPO step around it.
 
   config.py   Qwen2.5-0.5B's architecture, in one place (random init: nothing is downloaded)
+  weights.py  the HF model's GEMM weights packed back to back, its parameters views of them
   model.py    the lab's decode forward over the HF weights (fused or SDPA attention)
   sampling.py greedy / temperature / top-k / top-p on the device
-  loop.py     prefill through HF, then the captured decode step, stopping checked every N steps
+  loop.py     the prefill, then the captured decode step, stopping checked every N steps
   task.py     the synthetic arithmetic task and its verifier (prompts generated, no dataset)
   grpo.py     Dr. GRPO: completion mask, log-probs, clipped loss, k3 KL, one optimizer step
   train_stack.py  the lab's training decoder over the HF weights (q|k|v as one GEMM)
