@@ -2,9 +2,10 @@
 
 Prefill (``DecodeModel.prefill``: HF's forward, or the lab's compiled training decoder); the
 first token sampled from its logits; then each step — the lab's forward, sampling, the EOS /
-finished bookkeeping, the token written into the output — runs from device state alone (tokens, positions, finished, the step counter), so on CUDA it is
-captured once as one CUDA graph and replayed per token. The host looks at "all finished" only
-every ``check_every`` steps (one sync there, none inside a step).
+finished bookkeeping, the token written into the output — runs from device state alone
+(tokens, positions, finished, the step counter), so on CUDA it is captured once as one CUDA
+graph and replayed per token. The host looks at "all finished" only every ``check_every``
+steps (one sync there, none inside a step).
 
 ``forced`` (B, max_new) replaces every sampled token (teacher forcing: two loops fed the same
 tokens can be compared logit for logit); ``keep_logits`` returns each step's logits.
