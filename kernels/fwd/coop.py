@@ -25,7 +25,11 @@ across tiles (``it0``), Q is double-buffered by tile parity behind q_full[2] / q
 both consumers, once their O store has read the slot), so the next tile's Q and K/V stream in
 while this tile's O is stored, and each tile's last PV shares an issue turn with the next
 tile's first QK (the mainloop's ``drain_into_next``). Pingpong's pre-paid turn is taken once
-per CTA.
+per CTA. ``Config.q_slots`` = 1 is FA3's form: one Q slot, the producer loads each tile's K_0
+before its Q (the slot frees once the previous O store has read it), and each tile runs whole
+(``loop.tile``) before its epilogue; at D 128 it fits FA3's 176-key blocks (212 KB, 217 with
+the anchors). Lowered without spills for train8b-8k, not yet run on a GPU (notes/coop_overlap.md,
+"Session 44").
 
 K/V multicast (``Config.cluster`` = 2, persistent, even GQA groups; ``cluster_for`` turns it on
 when the call's K/V exceed half of L2; FA3 ``ClusterM = 2``, which pairs adjacent Q tiles of
@@ -116,6 +120,11 @@ class Config:
     cluster: int = 1  # persistent: 2 = CTA pairs on two Q heads of one KV head, K/V multicast
     # FP8: P from registers (RS) in the operand key order (``operand_key``), Vᵀ's keys in it too
     p_in_registers: bool = False
+    # persistent: Q slots. 2: the next tile's Q loads while this tile's O is stored and its
+    # first QK shares a turn with this tile's last PV; 1: FA3's (K_0 loads before Q, the
+    # epilogue runs alone), which leaves room for FA3's 176-key blocks (notes/coop_overlap.md
+    # "Session 44")
+    q_slots: int = 2
 
 
 CONFIGS = {
@@ -158,38 +167,57 @@ class Fp8Epilogue:
     o_s: object
 
 
-def kv_producer(bn: int, stages: int, v_parts: int = 1, cluster: int = 1,
-                v_transposed: bool = False):
-    """The producer warp's KV loop, shared by every WS kernel of the lab: per block, wait for
-    the stage to be free, TMA K into k_s[stage] and V into v_s[stage] (in ``v_parts`` column
-    slices v_s[stage, part] when a consumer warpgroup owns each slice, as in largehdv).
-    ``cluster`` 2: the pair's rank-0 CTA multicasts each load into both CTAs (the stage's empty
-    barrier then counts the peer's consumer warps too); the other CTA only expects the bytes.
-    ``v_transposed`` (FP8): V is Vᵀ (B, Hkv, Dv, S_pad) and v_s[stage] its (Dv, bn) block."""
+def kv_loaders(bn: int, stages: int, v_parts: int = 1, cluster: int = 1,
+               v_transposed: bool = False):
+    """(load_k, load_v): the producer warp's loads of block kb's K and V, each once its stage
+    is free, TMA into k_s[stage] / v_s[stage] (V in ``v_parts`` column slices v_s[stage, part]
+    when a consumer warpgroup owns each slice, as in largehdv). ``cluster`` 2: the pair's
+    rank-0 CTA multicasts each load into both CTAs (the stage's empty barrier then counts the
+    peer's consumer warps too); the other CTA only expects the bytes. ``v_transposed`` (FP8):
+    V is Vᵀ (B, Hkv, Dv, S_pad) and v_s[stage] its (Dv, bn) block. ``it0``: the blocks this
+    CTA streamed for earlier tiles."""
     mask = (1 << cluster) - 1 if cluster > 1 else None
     ring = KVRing(stages)
 
     @T.macro
+    def load_k(K, kv: KVStages, b, kv_head, kb, it0):
+        stage, phase = ring.at(it0 + kb)
+        T.mbarrier_wait_parity(kv.k_empty[stage], phase ^ 1)
+        T.tma_copy(K[b, kb * bn:(kb + 1) * bn, kv_head, :], kv.k_s[stage, :, :],
+                   barrier=kv.k_full[stage], cluster_mask=mask)
+        T.mbarrier_arrive(kv.k_full[stage])
+
+    @T.macro
+    def load_v(V, kv: KVStages, b, kv_head, kb, it0):
+        stage, phase = ring.at(it0 + kb)
+        T.mbarrier_wait_parity(kv.v_empty[stage], phase ^ 1)
+        if v_transposed:
+            T.tma_copy(V[b, kv_head, :, kb * bn:(kb + 1) * bn], kv.v_s[stage, :, :],
+                       barrier=kv.v_full[stage], cluster_mask=mask)
+        elif v_parts == 1:
+            T.tma_copy(V[b, kb * bn:(kb + 1) * bn, kv_head, :], kv.v_s[stage, :, :],
+                       barrier=kv.v_full[stage], cluster_mask=mask)
+        else:
+            width = kv.v_s.shape[-1]
+            for part in T.unroll(v_parts):
+                T.tma_copy(V[b, kb * bn:(kb + 1) * bn, kv_head, part * width:(part + 1) * width],
+                           kv.v_s[stage, part, :, :], barrier=kv.v_full[stage])
+        T.mbarrier_arrive(kv.v_full[stage])
+
+    return load_k, load_v
+
+
+def kv_producer(bn: int, stages: int, v_parts: int = 1, cluster: int = 1,
+                v_transposed: bool = False):
+    """The producer warp's KV loop, shared by every WS kernel of the lab: per block, K then V
+    (``kv_loaders``, which takes the same arguments)."""
+    load_k, load_v = kv_loaders(bn, stages, v_parts, cluster, v_transposed)
+
+    @T.macro
     def produce(K, V, kv: KVStages, b, kv_head, loop_range, it0=0):
         for kb in T.serial(loop_range):
-            stage, phase = ring.at(it0 + kb)  # it0: blocks this CTA streamed for earlier tiles
-            T.mbarrier_wait_parity(kv.k_empty[stage], phase ^ 1)
-            T.tma_copy(K[b, kb * bn:(kb + 1) * bn, kv_head, :], kv.k_s[stage, :, :],
-                       barrier=kv.k_full[stage], cluster_mask=mask)
-            T.mbarrier_arrive(kv.k_full[stage])
-            T.mbarrier_wait_parity(kv.v_empty[stage], phase ^ 1)
-            if v_transposed:
-                T.tma_copy(V[b, kv_head, :, kb * bn:(kb + 1) * bn], kv.v_s[stage, :, :],
-                           barrier=kv.v_full[stage], cluster_mask=mask)
-            elif v_parts == 1:
-                T.tma_copy(V[b, kb * bn:(kb + 1) * bn, kv_head, :], kv.v_s[stage, :, :],
-                           barrier=kv.v_full[stage], cluster_mask=mask)
-            else:
-                width = kv.v_s.shape[-1]
-                for part in T.unroll(v_parts):
-                    T.tma_copy(V[b, kb * bn:(kb + 1) * bn, kv_head, part * width:(part + 1) * width],
-                               kv.v_s[stage, part, :, :], barrier=kv.v_full[stage])
-            T.mbarrier_arrive(kv.v_full[stage])
+            load_k(K, kv, b, kv_head, kb, it0)
+            load_v(V, kv, b, kv_head, kb, it0)
 
     return produce
 
@@ -375,6 +403,9 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
                         commit_p=commit_p_fp8 if fp8 and not cfg.p_in_registers else None,
                         copy_p=copy_p_operand_order if cfg.p_in_registers else T.copy)
     loop = mainloop_factory(t)
+    if cfg.q_slots not in (1, 2) or (cfg.q_slots == 1 and not cfg.persistent):
+        raise ValueError(f"q_slots={cfg.q_slots}: the persistent kernel holds 1 or 2 Q slots; "
+                         "the non-persistent grid 1 (leave it at its default)")
     if cfg.cluster not in (1, 2) or (cfg.cluster == 2 and not cfg.persistent):
         raise ValueError(f"cluster={cfg.cluster}: the persistent kernel runs CTA pairs (2) or "
                          "single CTAs (1); the non-persistent grid only single CTAs")
@@ -385,6 +416,7 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
         raise ValueError("the persistent kernel needs a mainloop whose last PV can share an issue "
                          "turn with the next tile's first QK (kernels.coop_overlap)")
     produce_kv = kv_producer(bn, stages, cluster=cfg.cluster, v_transposed=fp8)
+    load_k, load_v = kv_loaders(bn, stages, cluster=cfg.cluster, v_transposed=fp8)
 
     @T.macro
     def epilogue(wg, st: SoftmaxState, q_s, slot, q_empty, out_tile, f8: Fp8Epilogue, kvh, b):
@@ -446,16 +478,34 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
         epilogue(wg, st, q_s, 0, None, Out[b, row0:row0 + HALF, head, :], f8, head // group, b)
 
     @T.macro
-    def producer(Q, K, V, q_s, kv: KVStages, q_full, q_empty, qt, head, b, loop_range, slot=0,
-                 use=0, it0=0):
-        """The producer warp's tile: both Q halves into the tile's slot, then the KV stream."""
+    def load_q(Q, q_s, q_full, q_empty, qt, head, b, slot, use):
+        """Both Q halves into the tile's slot (persistent: once the slot's last O store has
+        read it)."""
         if cfg.persistent:
             T.mbarrier_wait_parity(q_empty[slot], (use % 2) ^ 1)
         for wg in T.unroll(2):
             T.tma_copy(Q[b, qt * BLOCK_M + wg * HALF:qt * BLOCK_M + (wg + 1) * HALF, head, :],
                        q_s[slot, wg, :, :], barrier=q_full[slot])
         T.mbarrier_arrive(q_full[slot])
+
+    @T.macro
+    def producer(Q, K, V, q_s, kv: KVStages, q_full, q_empty, qt, head, b, loop_range, slot=0,
+                 use=0, it0=0):
+        """The producer warp's tile: Q into the tile's slot, then the KV stream."""
+        load_q(Q, q_s, q_full, q_empty, qt, head, b, slot, use)
         produce_kv(K, V, kv, b, head // group, loop_range, it0)
+
+    @T.macro
+    def producer_one_slot(Q, K, V, q_s, kv: KVStages, q_full, q_empty, qt, head, b,
+                          loop_range, use, it0):
+        """The producer warp's tile with one Q slot (FA3's order): K_0, then Q (the slot is
+        free only once the previous tile's O store has read it; K_0 need not wait for that),
+        then V_0 and the rest of the stream."""
+        for kb in T.serial(loop_range):
+            load_k(K, kv, b, head // group, kb, it0)
+            if kb == 0:
+                load_q(Q, q_s, q_full, q_empty, qt, head, b, 0, use)
+            load_v(V, kv, b, head // group, kb, it0)
 
     def kv_blocks(qt):
         return T.min(n_kblocks, T.ceildiv((qt + 1) * BLOCK_M, bn)) if causal else n_kblocks
@@ -549,6 +599,29 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
                                     RANK_GROUP if big else 1, cfg.heavy_first)
 
         @T.macro
+        def consumer_tiles_one_slot(wg, Out, q_s, kv: KVStages, q_full, q_empty, cta, my_tiles,
+                                    f8: Fp8Epilogue = None):
+            """One consumer warpgroup's tiles with one Q slot (FA3's): each tile whole
+            (``loop.tile``: its first QK, its blocks, its last PV drained), then its epilogue,
+            which hands the slot back for the next tile's Q."""
+            st = alloc_state()
+            it0 = T.alloc_var("int32", init=0)  # KV blocks consumed for earlier tiles
+            if cfg.pingpong and wg == 1:
+                # WG1 goes first: WG2 pre-pays its arrival on WG1's scheduler barrier.
+                T.named_barrier_arrive(WARP_SCHEDULERS[0], CONSUMER_THREADS)
+            for i in T.serial(my_tiles):
+                qt, head, b = sched.tile_coords(i, cta)
+                row0 = qt * BLOCK_M + wg * HALF
+                if fp8:
+                    set_scale(st, f8, head, b)
+                reset_rows(st)
+                T.mbarrier_wait_parity(q_full[0], i % 2)
+                loop.tile(wg, row0, q_s, kv, kv_blocks(qt), st, 0, it0)
+                epilogue(wg, st, q_s, 0, q_empty, Out[b, row0:row0 + HALF, head, :], f8,
+                         head // group, b)
+                it0 += kv_blocks(qt)
+
+        @T.macro
         def consumer_tiles(wg, Out, q_s, kv: KVStages, q_full, q_empty, cta, my_tiles,
                            f8: Fp8Epilogue = None):
             """One consumer warpgroup's tiles. Each tile's last PV shares an issue turn with
@@ -583,21 +656,24 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
             counts = [CONSUMER_THREADS + (lanes - 1) * CONSUMER_THREADS // 32] * stages
             return T.alloc_cluster_barrier(counts), T.alloc_cluster_barrier(counts)
 
+        slots = cfg.q_slots
+        tiles = consumer_tiles_one_slot if slots == 1 else consumer_tiles
+
         @T.macro
         def persistent_body(Q, K, V, Out, f8_descales):
             """One CTA per SM: the buffers, the roles and their register budgets. FP8: V is
             Vᵀ, each warpgroup has a P tile, and O leaves from registers (no tile for it)."""
             cluster = {"cluster_dims": lanes} if lanes > 1 else {}
             with T.Kernel(sched.ctas, threads=CONSUMER_THREADS + 128, **cluster) as cta:
-                q_s = T.alloc_shared([2, 2, HALF, head_dim], dtype)
+                q_s = T.alloc_shared([slots, 2, HALF, head_dim], dtype)
                 k_s = T.alloc_shared([stages, bn, head_dim], dtype)
                 v_s = T.alloc_shared([stages, head_dim_v, bn] if fp8 else
                                      [stages, bn, head_dim_v], dtype)
                 T.annotate_layout({q_s: make_swizzled_layout(q_s),
                                    k_s: make_swizzled_layout(k_s),
                                    v_s: make_swizzled_layout(v_s)})
-                q_full = T.alloc_barrier([PRODUCER_WARP] * 2)
-                q_empty = T.alloc_barrier([CONSUMER_THREADS] * 2)
+                q_full = T.alloc_barrier([PRODUCER_WARP] * slots)
+                q_empty = T.alloc_barrier([CONSUMER_THREADS] * slots)
                 k_full = T.alloc_barrier([PRODUCER_WARP] * stages)
                 v_full = T.alloc_barrier([PRODUCER_WARP] * stages)
                 k_empty, v_empty = alloc_kv_empty()
@@ -616,15 +692,19 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
                         it0 = T.alloc_var("int32", init=0)
                         for i in T.serial(my_tiles):
                             qt, head, b = sched.tile_coords(i, cta)
-                            producer(Q, K, V, q_s, kv, q_full, q_empty, qt, head, b,
-                                     kv_blocks(qt), i % 2, i // 2, it0)
+                            if slots == 1:
+                                producer_one_slot(Q, K, V, q_s, kv, q_full, q_empty, qt, head,
+                                                  b, kv_blocks(qt), i, it0)
+                            else:
+                                producer(Q, K, V, q_s, kv, q_full, q_empty, qt, head, b,
+                                         kv_blocks(qt), i % 2, i // 2, it0)
                             it0 += kv_blocks(qt)
                 elif tx < 128:
                     T.set_max_nreg(240, 1)
-                    consumer_tiles(0, Out, q_s, kv, q_full, q_empty, cta, my_tiles, f8)
+                    tiles(0, Out, q_s, kv, q_full, q_empty, cta, my_tiles, f8)
                 else:
                     T.set_max_nreg(240, 1)
-                    consumer_tiles(1, Out, q_s, kv, q_full, q_empty, cta, my_tiles, f8)
+                    tiles(1, Out, q_s, kv, q_full, q_empty, cta, my_tiles, f8)
                 if lanes > 1:
                     T.cluster_sync()  # no CTA exits while its peer may still signal or load into it
 

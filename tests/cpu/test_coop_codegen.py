@@ -244,6 +244,53 @@ def test_persistent_epilogue_runs_beside_the_next_tiles_first_qk(tmp_path):
         assert last_wait.endswith("0x1"), ops[max(0, i - 4):i + 1]
 
 
+def _one_slot_kernel(shape, block_n, anchors=True):
+    """The persistent CTA-pair kernel with one Q slot (``Config.q_slots``) at ``block_n`` keys."""
+    import math
+
+    from ws_lab.kernels.fwd import coop_overlap
+
+    cfg = coop.Config(block_n, 2, True, persistent=True, cluster=2, q_slots=1)
+    return coop.coop_fwd(shape.batch, shape.seq_len, shape.heads, shape.kv_heads,
+                         shape.head_dim, shape.head_dim_v, shape.causal, "bfloat16",
+                         1 / math.sqrt(shape.head_dim), cfg,
+                         coop_overlap.overlap_mainloop(anchor_probs=anchors))
+
+
+@needs_nvcc
+def test_one_q_slot_fits_fa3s_176_key_blocks(tmp_path):
+    """One Q slot (FA3's) leaves room for 176-key blocks on train8b-8k, the row it is for:
+    within 227 KB, no spill, both GEMMs on 64 × 176 / K 176 wgmma, the overlap kept; each O
+    store waits for everything (DEPBAR.LE 0: the epilogue runs alone, the next tile's Q not
+    yet loaded). (At S 1000, B 1, 8 / 2 heads it spills 1 KB: notes/coop_overlap.md
+    "Session 44".)"""
+    from ws_lab.postproc import drop_anchor_fences
+
+    shape = shapes.get("train8b-8k")
+    emitted = emit.lower_variant("coop-overlap-persistent-1slot", shape,
+                                 _one_slot_kernel(shape, 176), coop.PASS_CONFIGS,
+                                 (drop_anchor_fences,))
+    summary = emit.inspect(emitted, tmp_path)
+    assert emitted.dyn_smem <= 227 * 1024 < 2 * 2 * 64 * 128 * 2 + emitted.dyn_smem
+    assert summary.spill_bytes == 0
+    assert set(summary.hgmma) == {"64x176x16.F32.BF16", "64x128x16.F32.BF16.RS"}
+    assert sorted(set(summary.setmaxnreg)) == ["DEALLOC 24", "TRY_ALLOC 240"]
+    assert sass.overlaps_gemm_and_softmax(summary)
+    assert not [r for r in summary.ptxas_remarks if "C7515" in r]
+    ops = re.findall(r"(WARPGROUP\.DEPBAR\.LE gsb0, 0x\d|UTMASTG)",
+                     next(tmp_path.glob("*.sass")).read_text())
+    stores = [i for i, op in enumerate(ops) if op == "UTMASTG"]
+    assert stores and all(next(op for op in reversed(ops[:i]) if op.startswith("WARPGROUP"))
+                          .endswith("0x0") for i in stores)
+
+
+def test_one_q_slot_is_the_persistent_kernels_option():
+    cfg = coop.Config(128, 2, True, q_slots=1)
+    with pytest.raises(ValueError, match="q_slots=1: the persistent kernel holds 1 or 2"):
+        coop.coop_fwd(1, 1000, 8, 2, 128, 128, False, "bfloat16", 0.1, cfg,
+                      coop.serial_mainloop)
+
+
 def test_persistent_refuses_the_serial_mainloop():
     with pytest.raises(ValueError, match="persistent kernel needs"):
         coop.prim_func_for(shapes.get("llama8b-4k"), persistent=True)
