@@ -27,7 +27,7 @@ while this tile's O is stored, and each tile's last PV shares an issue turn with
 tile's first QK (the mainloop's ``drain_into_next``). Pingpong's pre-paid turn is taken once
 per CTA. ``Config.q_slots`` = 1 is FA3's form: one Q slot, the producer loads each tile's K_0
 before its Q (the slot frees once the previous O store has read it), and each tile runs whole
-(``loop.tile``) before its epilogue; at D 128 it fits FA3's 176-key blocks (212 KB, 217 with
+(``loop.tile``) before its epilogue; at D 128 it fits FA3's 176-key blocks (208 KB, 212 with
 the anchors). Lowered without spills for train8b-8k, not yet run on a GPU (notes/coop_overlap.md,
 "Session 44").
 
