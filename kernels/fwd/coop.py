@@ -122,8 +122,8 @@ class Config:
     p_in_registers: bool = False
     # persistent: Q slots. 2: the next tile's Q loads while this tile's O is stored and its
     # first QK shares a turn with this tile's last PV; 1: FA3's (K_0 loads before Q, the
-    # epilogue runs alone), which leaves room for FA3's 176-key blocks (notes/coop_overlap.md
-    # "Session 44")
+    # epilogue runs alone), which leaves room for FA3's 176-key blocks: correct, not faster
+    # (train8b-8k +0.5 %, causal rows −2 to −10 %; notes/coop_overlap.md "Session 45")
     q_slots: int = 2
 
 
