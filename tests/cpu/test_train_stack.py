@@ -77,3 +77,35 @@ def test_the_packed_projection_is_three_linears(adjacent):
     for a, b in zip(got, ref):
         torch.testing.assert_close(a, b)
     torch.library.opcheck(qkv_projection, (x, weights, biases))
+
+
+class _Traced(Exception):
+    """Raised in place of running the graph that ``recording_backend`` was handed."""
+
+
+def test_the_training_decoder_on_the_labs_attention_traces_as_one_graph():
+    """With ``attn_implementation="ws_lab"`` the compiled decoder is one graph holding every
+    layer's ``ws_lab.attention`` (fullgraph: a graph break raises while tracing, before the
+    backend; the graph is not run, since the op's kernels need CUDA). An import inside the
+    traced path once broke it at each layer, and past Dynamo's recompile limit the rest ran
+    eager."""
+    from ws_lab.rollout import hf_attention
+
+    d64 = dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2)  # the op's D 64
+    model = config.random_model(config.qwen2_config(config.TINY, **d64), torch.bfloat16, "cpu")
+    model.set_attn_implementation(hf_attention.register())
+    graphs = []
+
+    def recording_backend(gm, example_inputs):
+        graphs.append(gm)
+
+        def instead_of_running(*args):
+            raise _Traced
+
+        return instead_of_running
+
+    compiled = torch.compile(TrainingDecoder(model), backend=recording_backend, fullgraph=True)
+    with pytest.raises(_Traced):
+        compiled(torch.randint(0, config.TINY["vocab_size"], (2, 9)))
+    calls = [n for n in graphs[0].graph.nodes if "ws_lab.attention" in str(n.target)]
+    assert len(graphs) == 1 and len(calls) == model.config.num_hidden_layers

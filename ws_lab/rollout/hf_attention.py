@@ -3,7 +3,8 @@
 (``kernels/bwd/attention_op.py``: the TileLang forward with lse, the TileLang backward). It
 is for the Dr. GRPO update's scoring forward and backward (issue #47: D 64, Hq 14 / Hkv 2,
 causal, the row where the lab's backward leads every peer: notes/bwd.md, "Session 36"). Under
-``torch.compile`` the step ran faster on SDPA (notes/rollout.md, "Session 40, later").
+``torch.compile`` the step ran faster on SDPA (notes/rollout.md, "Session 40, later"), but those
+runs broke the graph at every layer, at an import since moved into ``register`` ("Session 45").
 
 Only what the op computes is taken: self-attention over the whole sequence with no mask (no
 padding; HF passes none for an unpadded causal batch once ``register`` has given the
@@ -18,10 +19,9 @@ NAME = "ws_lab"
 
 
 def lab_attention(q, k, v, causal: bool, softmax_scale):
-    """BSHD attention out of the lab's autograd op (q (B, S, Hq, D), k / v (B, S, Hkv, D))."""
-    from ws_lab import registry
-
-    registry.decode("attention_op")  # its import defines torch.ops.ws_lab.attention
+    """BSHD attention out of the lab's autograd op (q (B, S, Hq, D), k / v (B, S, Hkv, D));
+    ``register()`` defines the op. No import here: inside a compiled stack one broke the graph
+    at every layer (notes/rollout.md "Session 45")."""
     return torch.ops.ws_lab.attention(q, k, v, causal, softmax_scale)[0]
 
 
@@ -67,11 +67,14 @@ def causal_mask_or_none(*args, **kwargs):
 
 
 def register() -> str:
-    """Registers ``NAME`` with HF's attention and mask interfaces (``causal_mask_or_none``);
-    returns the name for ``attn_implementation``."""
+    """Defines ``torch.ops.ws_lab.attention`` and registers ``NAME`` with HF's attention and
+    mask interfaces (``causal_mask_or_none``); returns the name for ``attn_implementation``."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
+    from ws_lab import registry
+
+    registry.decode("attention_op")  # its import defines torch.ops.ws_lab.attention
     AttentionInterface.register(NAME, attention_forward)
     AttentionMaskInterface.register(NAME, causal_mask_or_none)
     return NAME
