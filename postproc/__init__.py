@@ -4,21 +4,23 @@
 rewrite; ``active()`` installs it as TileLang's CUDA post-processing hook for a ``with`` block
 (TileLang's kernel cache is off meanwhile: its key ignores the hook) and restores whatever hook
 was there before; blocks in several threads share one hook that runs each thread's passes.
-Passes: ``fences.fence_after_wait``, ``anchors.drop_anchor_fences``; a kernel family compiles
-under the ones it needs.
+Passes: ``fences.fence_after_wait``, ``anchors.drop_anchor_fences`` and, outside ``PASSES``
+(a family opts in), ``rescale.skip_unit_rescale``; a kernel family compiles under the ones it
+needs.
 """
 import contextlib
 import threading
 
 from ws_lab.postproc.anchors import drop_anchor_fences
 from ws_lab.postproc.fences import fence_after_wait
+from ws_lab.postproc.rescale import skip_unit_rescale
 from ws_lab.postproc.report import PostprocError, Rewrite
 
 PASSES = (fence_after_wait, drop_anchor_fences)
 HOOK = "tilelang_callback_cuda_postproc"
 
 __all__ = ["PASSES", "PostprocError", "Rewrite", "active", "drop_anchor_fences",
-           "fence_after_wait", "postprocess"]
+           "fence_after_wait", "postprocess", "skip_unit_rescale"]
 
 
 def postprocess(code: str, passes=PASSES) -> tuple[str, list[Rewrite]]:

@@ -41,12 +41,13 @@ from ws_lab.kernels.fwd.coop import (CONSUMER_THREADS, HALF, PASS_CONFIGS,  # no
 from ws_lab.kernels.fwd.softmax import (SoftmaxState, add_partial_sums, alloc_partial_sums,
                                         commit_probs, first_masked_block, rescale_partial_sums,
                                         score_mask, softmax_probs, softmax_stats)
-from ws_lab.postproc import drop_anchor_fences
+from ws_lab.postproc import drop_anchor_fences, skip_unit_rescale
 from ws_lab.shapes import Shape
 
 
 def overlap_mainloop(deferred_sums: bool = True, split_mask: bool = True,
-                     anchor_probs: bool = True, clear_first_pv: bool = True):
+                     anchor_probs: bool = True, clear_first_pv: bool = True,
+                     lazy_rescale: bool = False):
     """The mainloop factory (one object per variant, so ``coop.compiled``'s cache hits).
 
     deferred_sums: each thread keeps 16-column partial row sums (``add_partial_sums``) and the
@@ -59,18 +60,26 @@ def overlap_mainloop(deferred_sums: bool = True, split_mask: bool = True,
       proxy fences TileLang adds for the store
       (``ws_lab/upstream/fence_proxy_for_unrelated_smem.py``).
     clear_first_pv: a tile's first PV GEMM overwrites O (wgmma's scale-d predicate off for
-      that block), so O is never zero-filled and block 0 has no O rescale (TileOPs' form)."""
+      that block), so O is never zero-filled and block 0 has no O rescale (TileOPs' form).
+    lazy_rescale: FA4's conditional rescale: a row's max moves only when a block raises it by
+      more than ``RESCALE_THRESHOLD_LOG2`` (probabilities stay below 2^8), and the O and
+      partial-sum rescales are skipped by a thread whose factors are all 1
+      (``postproc.skip_unit_rescale``). Off until measured (notes/coop_overlap.md
+      "Session 45")."""
     return _mainloop_factory(bool(deferred_sums), bool(split_mask), bool(anchor_probs),
-                             bool(clear_first_pv))
+                             bool(clear_first_pv), bool(lazy_rescale))
 
 
 ANCHOR_COLS = 8  # a 64 × 8 stripe of the score tile: 4 elements a thread (wgmma layout)
 POSTPROC_PASSES = (drop_anchor_fences,)  # what the family compiles under (ws_lab.emit reads it)
+RESCALE_THRESHOLD_LOG2 = 8.0  # lazy_rescale: FA4's; P ≤ 256 fits bf16 and fp16
 
 
 @functools.lru_cache(maxsize=None)
 def _mainloop_factory(deferred_sums: bool, split_mask: bool, anchor_probs: bool,
-                      clear_first_pv: bool):
+                      clear_first_pv: bool, lazy_rescale: bool = False):
+    threshold = RESCALE_THRESHOLD_LOG2 if lazy_rescale else None
+
     def factory(t: coop.MainloopContext) -> coop.Mainloop:
         unchecked_mask = score_mask(t.causal, t.seq_len, HALF, t.bn, checked=False)
         ring = t.ring
@@ -84,12 +93,12 @@ def _mainloop_factory(deferred_sums: bool, split_mask: bool, anchor_probs: bool,
         def row_stats(st: SoftmaxState, part_sum):
             if deferred_sums:
                 softmax_probs(st.acc_s, st.row_max, st.row_max_prev, st.row_rescale, HALF, t.bn,
-                              t.scale(st))
+                              t.scale(st), threshold)
                 rescale_partial_sums(part_sum, st.row_rescale, HALF)
                 add_partial_sums(st.acc_s, part_sum, HALF, t.bn)
             else:
                 softmax_stats(st.acc_s, st.row_max, st.row_max_prev, st.row_rescale,
-                              st.block_sum, st.row_sum, HALF, t.bn, t.scale(st))
+                              st.block_sum, st.row_sum, HALF, t.bn, t.scale(st), threshold)
 
         @T.macro
         def step(wg, kb, row0, mask, q_s, kv: KVStages, st: SoftmaxState, part_sum, slot, it0,
@@ -211,7 +220,8 @@ def _mainloop_factory(deferred_sums: bool, split_mask: bool, anchor_probs: bool,
             drain_into_next=drain_into_next,
             alloc_row_sums=lambda: alloc_partial_sums(HALF, t.bn) if deferred_sums else None)
 
-    factory.postproc_passes = POSTPROC_PASSES if anchor_probs else ()
+    factory.postproc_passes = ((POSTPROC_PASSES if anchor_probs else ())
+                               + ((skip_unit_rescale,) if lazy_rescale else ()))
     return factory
 
 

@@ -86,11 +86,20 @@ def first_masked_block(causal: bool, seq_len: int, block_n: int, row0, loop_rang
 
 
 @T.macro
-def softmax_probs(acc_s, row_max, row_max_prev, row_rescale, rows, cols, scale_log2):
+def softmax_probs(acc_s, row_max, row_max_prev, row_rescale, rows, cols, scale_log2,
+                  rescale_threshold=None):
     """acc_s (rows × cols fp32 scores) -> exp2 of the scaled, max-shifted scores, in place; the
-    running max advances and row_rescale holds the factor for the old O and row sums."""
+    running max advances and row_rescale holds the factor for the old O and row sums.
+    ``rescale_threshold`` (log2 units; FA4's conditional rescale): a row's max moves only when
+    the block raises it by more than that, so most blocks rescale by exactly 1 and the
+    probabilities stay below 2^threshold; O / rowsum is unchanged, since both use one max."""
     T.copy(row_max, row_max_prev)
     T.reduce_max(acc_s, row_max, dim=1, clear=False)
+    if rescale_threshold is not None:
+        for i in T.Parallel(rows):  # -inf to a finite max: +inf > threshold, the max moves
+            row_max[i] = T.if_then_else(
+                (row_max[i] - row_max_prev[i]) * scale_log2 > rescale_threshold, row_max[i],
+                row_max_prev[i])
     for i in T.Parallel(rows):
         row_rescale[i] = T.exp2(row_max_prev[i] * scale_log2 - row_max[i] * scale_log2)
     for i, j in T.Parallel(rows, cols):
@@ -99,9 +108,10 @@ def softmax_probs(acc_s, row_max, row_max_prev, row_rescale, rows, cols, scale_l
 
 @T.macro
 def softmax_stats(acc_s, row_max, row_max_prev, row_rescale, block_sum, row_sum, rows, cols,
-                  scale_log2):
+                  scale_log2, rescale_threshold=None):
     """softmax_probs, then the running row sums advance (one full row reduction per block)."""
-    softmax_probs(acc_s, row_max, row_max_prev, row_rescale, rows, cols, scale_log2)
+    softmax_probs(acc_s, row_max, row_max_prev, row_rescale, rows, cols, scale_log2,
+                  rescale_threshold)
     T.reduce_sum(acc_s, block_sum, dim=1)
     for i in T.Parallel(rows):
         row_sum[i] = row_sum[i] * row_rescale[i] + block_sum[i]

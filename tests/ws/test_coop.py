@@ -4,7 +4,9 @@ IntraWGOverlap mainloop) vs the float64 oracle on the H100.
 Grid per mainloop: D ∈ {64, 128, 256} × fp16/bf16 × causal/full × S ∈ {4096, ragged} × pingpong
 on/off, GQA group cycling through 1/4/8, plus batch 3 and a custom scale — 50 cases each;
 the persistent overlap kernel (D 64/128) 18 more, and its K/V-multicast CTA pair (cluster 2,
-even GQA groups) 17 more (tolerances: ws_lab.testing.TOLERANCE). Then, per variant: 20 runs on
+even GQA groups) 17 more, then the overlap mainloop with FA4's conditional rescale
+(``lazy_rescale``), plain and persistent, at D 128 with wide scores among them, 20 more, and
+the widest case without it (tolerances: ws_lab.testing.TOLERANCE). Then, per variant: 20 runs on
 the same inputs give bitwise-identical output, and compute-sanitizer's racecheck and memcheck
 find nothing.
 """
@@ -20,8 +22,9 @@ from ws_lab.testing import check_attention, random_qkv
 pytestmark = pytest.mark.hopper
 
 HEAD_DIMS = [(64, 64), (128, 128), (256, 256)]
-MAINLOOPS = {"serial": coop.serial_mainloop, "overlap": coop_overlap.overlap_mainloop()}
-CASES = [dict(c, mainloop=name) for name in MAINLOOPS for c in (
+MAINLOOPS = {"serial": coop.serial_mainloop, "overlap": coop_overlap.overlap_mainloop(),
+             "lazy": coop_overlap.overlap_mainloop(lazy_rescale=True)}
+CASES = [dict(c, mainloop=name) for name in ("serial", "overlap") for c in (
     [c for pp in (True, False)
      for c in grid(HEAD_DIMS, groups=[1, 4, 8], ragged=[1000, 4097, 333], pingpong=pp)] + [
         dict(batch=3, seq_len=777, heads=8, kv_heads=2, head_dim=128, head_dim_v=128, causal=True,
@@ -40,6 +43,16 @@ CASES += [dict(c, mainloop="overlap", persistent=True, cluster=2) for c in (
     grid(coop.PERSISTENT_HEAD_DIMS, groups=[2, 4, 8], ragged=[1000, 4097, 333], pingpong=True) + [
         dict(batch=3, seq_len=777, heads=8, kv_heads=2, head_dim=128, head_dim_v=128, causal=True,
              dtype="float16", scale=None, pingpong=True)])]
+
+# FA4's conditional rescale (lazy_rescale): D 128, plain and persistent, and wide scores
+# (scale 1 at D 128: a block's max passes the old one by more than 2^8 often) so that both the
+# kept and the moved max are exercised
+WIDE = dict(batch=2, seq_len=1000, heads=8, kv_heads=2, head_dim=128, head_dim_v=128,
+            causal=False, dtype="bfloat16", scale=1.0, pingpong=True)
+CASES += [dict(c, mainloop="lazy", **extra) for extra in ({}, {"persistent": True})
+          for c in grid([(128, 128)], groups=[1, 4, 8], ragged=[1000, 4097, 333],
+                        pingpong=True) + [WIDE, dict(WIDE, causal=True, dtype="float16")]]
+CASES += [dict(WIDE, mainloop="overlap")]  # the same wide scores without the threshold
 
 
 def _id(c):
@@ -75,7 +88,9 @@ def test_coop_matches_oracle(case):
 
 ENTRIES = {"serial": coop.attention, "overlap": coop_overlap.attention,
            "persistent": functools.partial(coop_overlap.attention, persistent=True),
-           "cluster": functools.partial(coop_overlap.attention, persistent=True, cluster=2)}
+           "cluster": functools.partial(coop_overlap.attention, persistent=True, cluster=2),
+           "lazy": functools.partial(coop_overlap.attention, persistent=True,
+                                     lazy_rescale=True)}
 
 
 @pytest.mark.parametrize("entry", list(ENTRIES.values()), ids=list(ENTRIES))
@@ -101,7 +116,7 @@ assert r.ok, r
                                    "functools.partial(coop_overlap.attention, persistent=True)",
                                    "functools.partial(coop_overlap.attention, persistent=True, "
                                    "cluster=2)"],
-                         ids=list(ENTRIES))
+                         ids=list(ENTRIES)[:4])
 @pytest.mark.parametrize("tool", ["racecheck", "memcheck"])
 def test_coop_sanitizer_clean(tool, entry):
     assert_sanitizer_clean(tool, SANITIZED.format(entry=entry))
