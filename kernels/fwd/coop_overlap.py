@@ -38,9 +38,10 @@ import tilelang.language as T
 from ws_lab.kernels.fwd import coop
 from ws_lab.kernels.fwd.coop import (CONSUMER_THREADS, HALF, PASS_CONFIGS,  # noqa: F401  (emit reads PASS_CONFIGS)
                                      KVStages)
-from ws_lab.kernels.fwd.softmax import (SoftmaxState, add_partial_sums, alloc_partial_sums,
-                                        commit_probs, first_masked_block, rescale_partial_sums,
-                                        score_mask, softmax_probs, softmax_stats)
+from ws_lab.kernels.fwd.softmax import (LAZY_RESCALE_LOG2, SoftmaxState, add_partial_sums,
+                                        alloc_partial_sums, commit_probs, first_masked_block,
+                                        rescale_partial_sums, score_mask, softmax_probs,
+                                        softmax_stats)
 from ws_lab.postproc import drop_anchor_fences, skip_unit_rescale
 from ws_lab.shapes import Shape
 
@@ -62,7 +63,7 @@ def overlap_mainloop(deferred_sums: bool = True, split_mask: bool = True,
     clear_first_pv: a tile's first PV GEMM overwrites O (wgmma's scale-d predicate off for
       that block), so O is never zero-filled and block 0 has no O rescale (TileOPs' form).
     lazy_rescale: FA4's conditional rescale: a row's max moves only when a block raises it by
-      more than ``RESCALE_THRESHOLD_LOG2`` (probabilities stay below 2^8), and the O and
+      more than ``softmax.LAZY_RESCALE_LOG2`` (probabilities stay below 2^8), and the O and
       partial-sum rescales are skipped by a thread whose factors are all 1
       (``postproc.skip_unit_rescale``). Off until measured (notes/coop_overlap.md
       "Session 45")."""
@@ -72,13 +73,12 @@ def overlap_mainloop(deferred_sums: bool = True, split_mask: bool = True,
 
 ANCHOR_COLS = 8  # a 64 × 8 stripe of the score tile: 4 elements a thread (wgmma layout)
 POSTPROC_PASSES = (drop_anchor_fences,)  # what the family compiles under (ws_lab.emit reads it)
-RESCALE_THRESHOLD_LOG2 = 8.0  # lazy_rescale: FA4's; P ≤ 256 fits bf16 and fp16
 
 
 @functools.lru_cache(maxsize=None)
 def _mainloop_factory(deferred_sums: bool, split_mask: bool, anchor_probs: bool,
                       clear_first_pv: bool, lazy_rescale: bool = False):
-    threshold = RESCALE_THRESHOLD_LOG2 if lazy_rescale else None
+    threshold = LAZY_RESCALE_LOG2 if lazy_rescale else None
 
     def factory(t: coop.MainloopContext) -> coop.Mainloop:
         unchecked_mask = score_mask(t.causal, t.seq_len, HALF, t.bn, checked=False)

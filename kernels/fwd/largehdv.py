@@ -28,7 +28,9 @@ Shared memory (2-byte elements, stages s = 2, block_n 64): Q 64·64 + s·64·(64
 + rescale s·64·4 B + row sums 256 B. Dv 512: 8 + 16 + 128 + 16 + 0.75 KB ≈ 169 KB;
 Dv 256: 8 + 16 + 64 + 16 + 0.75 KB ≈ 105 KB. O reuses the last V stage (each warpgroup its half).
 """
+import contextlib
 import functools
+import inspect
 import math
 
 import tilelang.language as T
@@ -40,9 +42,11 @@ from ws_lab.kernels.fwd.barriers import NamedBarrier
 from ws_lab.kernels.fwd.coop import (CONSUMER_THREADS, PASS_CONFIGS, PRODUCER_WARP, KVStages,
                                      kv_producer, store_o)
 from ws_lab.kernels.fwd.pipeline import KVRing
-from ws_lab.kernels.fwd.softmax import (alloc_softmax_state, normalize_o, rescale_o, score_mask,
-                             softmax_stats)
+from ws_lab.kernels.fwd.softmax import (LAZY_RESCALE_LOG2, alloc_softmax_state, normalize_o,
+                                        rescale_o, score_mask, softmax_stats)
 from ws_lab.kernels.fwd.tile_scheduler import qtile_grid
+from ws_lab import postproc
+from ws_lab.postproc import skip_unit_rescale
 from ws_lab.check import Support, head_dims_supported, validate_attention_inputs
 from ws_lab.shapes import Shape
 from ws_lab.target import compile_sm90a
@@ -56,8 +60,13 @@ HEAD_DIMS = [(64, 256), (64, 512)]
 
 
 def largehdv_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtype,
-                 softmax_scale):
-    """q (B,S,Hq,D), k (B,S,Hkv,D), v (B,S,Hkv,Dv) -> out (B,S,Hq,Dv)."""
+                 softmax_scale, lazy_rescale: bool = False):
+    """q (B,S,Hq,D), k (B,S,Hkv,D), v (B,S,Hkv,Dv) -> out (B,S,Hq,Dv). ``lazy_rescale``: FA4's
+    conditional rescale (``softmax.LAZY_RESCALE_LOG2``); both warpgroups' O rescales, 128
+    FMULs a thread a block at Dv 512, then run only where a factor is not 1
+    (``postproc.skip_unit_rescale``, which ``compiled`` applies). Off until measured
+    (notes/largehdv.md "Session 45")."""
+    threshold = LAZY_RESCALE_LOG2 if lazy_rescale else None
     group = heads // kv_heads
     half_v = head_dim_v // 2  # O columns per consumer warpgroup
     scale_log2 = softmax_scale * LOG2E
@@ -103,7 +112,7 @@ def largehdv_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, 
         T.mbarrier_arrive(k_empty[0])
         mask(acc_s, 0, row0)
         softmax_stats(acc_s, row_max, row_max_prev, row_rescale, block_sum, row_sum, BLOCK_M,
-                      BLOCK_N, scale_log2)
+                      BLOCK_N, scale_log2, threshold)
         publish_p(acc_s, row_rescale, p_s, rescale_s, p_full, p_empty, 0)
         T.copy(acc_s, p)
         for kb in T.serial(1, loop_range):
@@ -119,7 +128,7 @@ def largehdv_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, 
             T.mbarrier_arrive(k_empty[stage])
             mask(acc_s, kb, row0)
             softmax_stats(acc_s, row_max, row_max_prev, row_rescale, block_sum, row_sum,
-                          BLOCK_M, BLOCK_N, scale_log2)
+                          BLOCK_M, BLOCK_N, scale_log2, threshold)
             T.wait_wgmma(0)
             T.warpgroup_fence_operand(acc_o, num_regs=o_regs)
             T.warpgroup_fence_operand(p, num_regs=p_regs)
@@ -149,12 +158,18 @@ def largehdv_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, 
               b, loop_range):
         """WG2: O[:, Dv/2:] += P_smem V[:, Dv/2:] behind WG1's P."""
         acc_o = T.alloc_fragment([BLOCK_M, half_v], accum)
+        row_rescale = T.alloc_fragment([BLOCK_M], accum) if lazy_rescale else None
         T.fill(acc_o, 0)
         for kb in T.serial(loop_range):
             stage, phase = RING.at(kb)
             T.mbarrier_wait_parity(p_full[stage], phase)
-            for i, j in T.Parallel(BLOCK_M, half_v):
-                acc_o[i, j] *= rescale_s[stage, i]
+            if lazy_rescale:  # factors in registers: the rescale pass guards the loop by them
+                for i in T.Parallel(BLOCK_M):
+                    row_rescale[i] = rescale_s[stage, i]
+                rescale_o(acc_o, row_rescale, BLOCK_M, half_v)
+            else:
+                for i, j in T.Parallel(BLOCK_M, half_v):
+                    acc_o[i, j] *= rescale_s[stage, i]
             T.mbarrier_wait_parity(v_full[stage], phase)
             T.wgmma_gemm(p_s[stage, :, :], v_s[stage, 1, :, :], acc_o, clear_accum=False)
             T.wait_wgmma(0)
@@ -219,26 +234,29 @@ def supports(shape: Shape) -> Support:
     return head_dims_supported(shape.head_dim, shape.head_dim_v, HEAD_DIMS)
 
 
-def prim_func_for(shape: Shape):
+def prim_func_for(shape: Shape, lazy_rescale: bool = False):
     """The prim_func the lab runs for a named shape (used by ``ws_lab.emit``)."""
     return largehdv_fwd(shape.batch, shape.seq_len, shape.heads, shape.kv_heads, shape.head_dim,
                         shape.head_dim_v, shape.causal, shape.dtype,
-                        1.0 / math.sqrt(shape.head_dim))
+                        1.0 / math.sqrt(shape.head_dim), lazy_rescale)
 
 
 @functools.lru_cache(maxsize=None)
 def compiled(*args):
     """The compiled kernel for ``largehdv_fwd``'s arguments (thread-safe)."""
-    return compile_sm90a(largehdv_fwd(*args), pass_configs=PASS_CONFIGS)
+    lazy = inspect.signature(largehdv_fwd).bind(*args).arguments.get("lazy_rescale", False)
+    with postproc.active(passes=(skip_unit_rescale,)) if lazy else contextlib.nullcontext():
+        return compile_sm90a(largehdv_fwd(*args), pass_configs=PASS_CONFIGS)
 
 
-def attention(q, k, v, causal=False, softmax_scale=None, out=None):
+def attention(q, k, v, causal=False, softmax_scale=None, out=None, lazy_rescale: bool = False):
     """BSHD GQA forward. q (B,S,Hq,64), k (B,S,Hkv,64), v (B,S,Hkv,Dv) fp16/bf16 on CUDA;
-    Dv 256 or 512."""
+    Dv 256 or 512. ``lazy_rescale`` as in ``largehdv_fwd``."""
     dims = validate_attention_inputs(q, k, v, supported_head_dims=HEAD_DIMS, out=out,
                                      softmax_scale=softmax_scale, causal=causal)
     kernel = compiled(dims.batch, dims.seq_len, dims.heads, dims.kv_heads, dims.head_dim,
-                      dims.head_dim_v, bool(causal), dims.tl_dtype, dims.softmax_scale)
+                      dims.head_dim_v, bool(causal), dims.tl_dtype, dims.softmax_scale,
+                      bool(lazy_rescale))
     if out is None:
         out = torch.empty(*q.shape[:3], dims.head_dim_v, dtype=q.dtype, device=q.device)
     kernel(q, k, v, out)

@@ -8,6 +8,11 @@ from dataclasses import dataclass
 import tilelang.language as T
 
 
+# FA4's conditional rescale: a row's running max moves only when a block raises it by more
+# than this (log2 units), so P stays below 2^8 (in range for bf16 and fp16)
+LAZY_RESCALE_LOG2 = 8.0
+
+
 @dataclass(frozen=True)
 class SoftmaxState:
     """One warpgroup's online-softmax registers (FA3's ``Softmax`` object): S (fp32), P (input

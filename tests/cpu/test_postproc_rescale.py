@@ -1,8 +1,8 @@
 """The rescale pass (postproc/rescale.py) and FA4's conditional rescale (``lazy_rescale``):
 golden snippets (which loops it guards and which it leaves), a refusal, idempotence, and the
-real persistent kernel — each warpgroup's O and partial-sum rescales guarded, and in the SASS a
-branch that skips the 64 O FMULs of a 128-key block at D 128, with no spill and no serialised
-wgmma."""
+real kernels — the persistent one guards each warpgroup's O and partial-sum rescales and its
+SASS branches over the 64 O FMULs of a 128-key block at D 128; LargeHeadDimV (Dv 512) branches
+over each of its 128-FMUL O rescales, in both warpgroups; no spill, no serialised wgmma."""
 import re
 import shutil
 
@@ -81,7 +81,7 @@ def _forward_branches_over_fmul(sass_text: str) -> list[int]:
     at = {a: i for i, (a, _) in enumerate(ins)}
     counts = []
     for i, (a, op) in enumerate(ins):
-        m = re.match(r"@!?P\d BRA (?:`\(\.L_x_\d+\) )?0x([0-9a-f]+)", op)
+        m = re.match(r"@!?P\d BRA (?:!?P\d, )?(?:`\(\.L_x_\d+\) )?0x([0-9a-f]+)", op)
         if m and int(m.group(1), 16) > a and int(m.group(1), 16) in at:
             skipped = ins[i + 1:at[int(m.group(1), 16)]]
             counts.append(sum(o.startswith("FMUL") for _, o in skipped))
@@ -110,4 +110,24 @@ def test_the_persistent_kernel_skips_its_o_rescale(tmp_path):
     assert summary.spill_bytes == 0
     assert not [r for r in summary.ptxas_remarks if "C7515" in r]
     skipped = _forward_branches_over_fmul(next(tmp_path.glob("*.sass")).read_text())
-    assert skipped.count(64) >= 2, skipped  # each warpgroup's O: 64 × 128 / 128 threads
+    assert skipped.count(64) >= 4, skipped  # O, 2 loops × 2 warpgroups: 64 × 128 / 128 threads
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_largehdv_skips_both_warpgroups_o_rescales(tmp_path):
+    import dataclasses
+
+    from ws_lab.kernels.fwd import coop, largehdv
+
+    shape = dataclasses.replace(shapes.get("largehdv-2k"), dtype="bfloat16")
+    emitted = emit.lower_variant("largehdv-lazy", shape,
+                                 largehdv.prim_func_for(shape, lazy_rescale=True),
+                                 coop.PASS_CONFIGS, (skip_unit_rescale,))
+    summary = emit.inspect(emitted, tmp_path)
+    # WG1: the loop's rescale, the last one, the normalisation (by its reciprocal row sums,
+    # held in the same registers); WG2: the loop's rescale, by the factors WG1 published
+    assert emitted.postprocessed.count("// skip_unit_rescale") == 4
+    assert summary.spill_bytes == 0
+    assert not [r for r in summary.ptxas_remarks if "C7515" in r or "C7513" in r]
+    skipped = _forward_branches_over_fmul(next(tmp_path.glob("*.sass")).read_text())
+    assert skipped.count(128) >= 4, skipped  # 64 rows × 256 O columns / 128 threads
