@@ -20,8 +20,6 @@ from ws_lab.postproc.report import PostprocError, Rewrite
 _FACTORS = re.compile(r"^\s*float (row_rescale(?:_\d+)?)\[(\d+)\];", re.M)
 _PRAGMA = "#pragma unroll"
 _FOR = re.compile(r"^\s*for \(int \w+ = 0; \w+ < \d+; \+\+\w+\) \{$")
-_STORE = re.compile(r"^\s*\*\(\w+\*\)\((\w+) \+")
-_SCALED = re.compile(r"^(?:acc_o|part_sum)(?:_\d+)?$")
 _KERNEL = re.compile(r"__global__ void (?:__launch_bounds__\([^)]*\) )?(\w+)\(")
 GUARD = "if ({cond}) {{  // skip_unit_rescale"
 
@@ -38,22 +36,21 @@ def _loop_end(lines, start) -> int:
 
 # the only statements a rescale loop holds: loads of the scaled buffer, the factor broadcast,
 # component products, the store back
+_STORE_BACK = re.compile(r"^\*\(float[24]\*\)\((?:acc_o|part_sum)(?:_\d+)? \+ .*\) = __\d+;$")
 _BODY = [re.compile(p) for p in (
     r"^float[24]? __\d+;$",
     r"^float[24] v__\d+ = \*\(float[24]\*\)\((?:acc_o|part_sum)(?:_\d+)? \+ .*\);$",
     r"^float[24] v__\d+ = make_float[24]\((?:row_rescale(?:_\d+)?\[[^\]]+\](?:, )?)+\);$",
     r"^__\d+\.[xyzw] = \(v__\d+\.[xyzw]\*v__\d+\.[xyzw]\);$",
-    r"^\*\(float[24]\*\)\((?:acc_o|part_sum)(?:_\d+)? \+ .*\) = __\d+;$",
-    r"^\}$")]
+    r"^\}$")] + [_STORE_BACK]
 
 
 def _rescale_factors(body: list[str], factors: dict[str, int]) -> str | None:
     """The factor array a loop body multiplies by, when the body is a rescale loop: products
     of the scaled buffer and one factor array, stored back, and nothing else."""
-    if not all(any(p.match(line.strip()) for p in _BODY) for line in body if line.strip()):
-        return None
-    stores = {m.group(1) for line in body for m in [_STORE.match(line)] if m}
-    if not stores or not all(_SCALED.match(s) for s in stores):
+    lines = [line.strip() for line in body if line.strip()]
+    if not all(any(p.match(line) for p in _BODY) for line in lines) \
+            or not any(_STORE_BACK.match(line) for line in lines):
         return None
     used = {f for f in factors if any(re.search(rf"\b{f}\[", line) for line in body)}
     if len(used) > 1:
