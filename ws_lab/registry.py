@@ -122,6 +122,8 @@ DECODE: dict[str, str] = {"paged": "ws_lab.kernels.decode.paged",
                           "sampling": "ws_lab.kernels.step.sampling",
                           "rollout_step": "ws_lab.kernels.step.rollout_step",
                           "token_logprobs": "ws_lab.kernels.step.token_logprobs",
+                          # torch.ops.ws_lab.rope_qkv, the training decoder's split + RoPE
+                          "rope_qkv": "ws_lab.kernels.step.rope_qkv",
                           # torch.ops.ws_lab.attention, the update's trainable attention
                           "attention_op": "ws_lab.kernels.bwd.attention_op"}
 

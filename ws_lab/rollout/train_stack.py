@@ -3,7 +3,8 @@ decoder stack as the Dr. GRPO update runs it under ``torch.compile`` (``grpo.com
 and the decode model's prefill (``DecodeModel(prefill="lab")``, its K / V kept for the caches).
 
 Per layer: RMSNorm, **q|k|v as one GEMM** over the three weights concatenated (its backward one
-dX and one dW GEMM), RoPE, causal GQA attention (SDPA, or the lab's op when the model is set to
+dX and one dW GEMM), the split and RoPE as one Triton pass each way (``torch.ops.ws_lab.rope_qkv``),
+causal GQA attention (SDPA, or the lab's op when the model is set to
 ``hf_attention.NAME``), o, RMSNorm, SwiGLU, down. Everything but the projection is torch, for
 Inductor to fuse. Packed, q|k|v's forward and backward took 219 µs a layer at 16 × 456 rows
 against 436 µs as three GEMMs (H200); gate|up packed took 724 µs against 677, so gate and up stay
@@ -14,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ws_lab.rope import apply_rope
+from ws_lab import registry
 from ws_lab.rollout import hf_attention
 from ws_lab.rollout.weights import qkv_biases
 
@@ -34,6 +35,7 @@ class TrainingDecoder(torch.nn.Module):
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
         self.config = cfg
+        registry.decode("rope_qkv")  # its import defines torch.ops.ws_lab.rope_qkv
 
     def forward(self, ids: torch.Tensor, keep_kv: bool = False):
         """The last hidden states; with ``keep_kv`` also each layer's rotated K and V, (B, Hkv,
@@ -44,8 +46,8 @@ class TrainingDecoder(torch.nn.Module):
         cos, sin = inner.rotary_emb(hidden, positions)  # HF's own tables, (1, T, D)
         kv = []
         for layer in inner.layers:
-            out = self._attention(layer, layer.input_layernorm(hidden), cos[:, None],
-                                  sin[:, None], kv if keep_kv else None)
+            out = self._attention(layer, layer.input_layernorm(hidden), cos[0], sin[0],
+                                  kv if keep_kv else None)
             hidden = hidden + out
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         return (inner.norm(hidden), kv) if keep_kv else inner.norm(hidden)
@@ -59,12 +61,7 @@ class TrainingDecoder(torch.nn.Module):
         biases = list(qkv_biases(layer))
         bias = None if any(b is None for b in biases) else torch.cat(biases)
         qkv = F.linear(x, weights, bias)
-        q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-        q = q.view(batch, length, self.heads, self.head_dim).transpose(1, 2)
-        k = k.view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = v.view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = torch.ops.ws_lab.rope_qkv(qkv, cos, sin, self.heads, self.kv_heads)
         if kv is not None:
             kv.append((k, v))
         if self.config._attn_implementation == hf_attention.NAME:
@@ -74,4 +71,4 @@ class TrainingDecoder(torch.nn.Module):
         else:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True,
                                                  enable_gqa=True).transpose(1, 2)
-        return att.o_proj(out.reshape(batch, length, q_size))
+        return att.o_proj(out.reshape(batch, length, self.heads * self.head_dim))

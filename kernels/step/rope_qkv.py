@@ -1,0 +1,206 @@
+"""RoPE over a packed q|k|v projection, as the lab's training decoder runs it (issue #47): one
+Triton pass splits (B, T, (Hq + 2·Hkv)·D) into q, k and v, each (B, H, T, D) contiguous, with q
+and k rotated, and its backward writes the packed gradient in one pass.
+
+Counterparts: HF's ``apply_rotary_pos_emb`` after three projections; Liger's ``LigerRopeFunction``
+(q and k in place, no split). Left to Inductor, the backward's rotation, transposes and
+concatenation into the packed gradient lowered to one pointwise kernel at 109 µs a layer (16 × 456
+rows, D 64, H200) against the forward's 17 µs on the same bytes (notes/rollout.md "Session 45"), so
+the pair is a custom op, ``torch.ops.ws_lab.rope_qkv``, which Inductor leaves whole.
+
+HF's tables (T, D), rotate-half form, h = D / 2 (both passes compute in fp32, round once):
+  forward   y[:h] = x[:h]·cos[:h] − x[h:]·sin[:h]      y[h:] = x[h:]·cos[h:] + x[:h]·sin[h:]
+  backward  dx[:h] = g[:h]·cos[:h] + g[h:]·sin[h:]     dx[h:] = g[h:]·cos[h:] − g[:h]·sin[:h]
+
+One program takes ``BLOCK_T`` rows (b·T + t) of one head; heads past Hq + Hkv are v's, copied.
+Inputs are checked before any launch. On a CPU without Triton's interpreter the op runs the same
+formulas in torch (the tests' fp32 / fp64 training decoder).
+"""
+import torch
+import triton
+import triton.language as tl
+
+from ws_lab.check import require_tensors, triton_supports
+from ws_lab.rope import apply_rope
+
+BLOCK_T = 64  # rows a program: 64 × D / 2 elements a half
+
+
+@triton.jit
+def _head_base(Q, K, V, b, head, seq_len, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
+               HEAD_DIM: tl.constexpr):
+    """Row offsets (per b) of ``head``'s (T, D) slab in its own (B, H, T, D) tensor, and that
+    tensor."""
+    if head < HEADS:
+        base, slab = Q, (b * HEADS + head).to(tl.int64)
+    elif head < HEADS + KV_HEADS:
+        base, slab = K, (b * KV_HEADS + head - HEADS).to(tl.int64)
+    else:
+        base, slab = V, (b * KV_HEADS + head - HEADS - KV_HEADS).to(tl.int64)
+    return base, slab * seq_len * HEAD_DIM
+
+
+@triton.jit
+def _rope_split_kernel(QKV, Cos, Sin, Q, K, V, rows, seq_len, stride_row,
+                       HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HALF: tl.constexpr,
+                       BLOCK_H: tl.constexpr, BLOCK: tl.constexpr):
+    """Rows [pid·BLOCK, …) of head ``program_id(1)``: rotated (q, k) or copied (v)."""
+    head = tl.program_id(1)
+    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    d = tl.arange(0, BLOCK_H)
+    ok = (r < rows)[:, None] & (d < HALF)[None, :]
+    t, b = r % seq_len, r // seq_len
+    src = QKV + r.to(tl.int64)[:, None] * stride_row + head * 2 * HALF + d[None, :]
+    x1 = tl.load(src, mask=ok, other=0.0).to(tl.float32)
+    x2 = tl.load(src + HALF, mask=ok, other=0.0).to(tl.float32)
+    if head < HEADS + KV_HEADS:
+        tab = t[:, None] * 2 * HALF + d[None, :]
+        c1 = tl.load(Cos + tab, mask=ok, other=0.0).to(tl.float32)
+        c2 = tl.load(Cos + tab + HALF, mask=ok, other=0.0).to(tl.float32)
+        s1 = tl.load(Sin + tab, mask=ok, other=0.0).to(tl.float32)
+        s2 = tl.load(Sin + tab + HALF, mask=ok, other=0.0).to(tl.float32)
+        x1, x2 = x1 * c1 - x2 * s1, x2 * c2 + x1 * s2
+    base, slab = _head_base(Q, K, V, b, head, seq_len, HEADS, KV_HEADS, 2 * HALF)
+    dst = base + (slab + t.to(tl.int64) * 2 * HALF)[:, None] + d[None, :]
+    tl.store(dst, x1.to(base.dtype.element_ty), mask=ok)
+    tl.store(dst + HALF, x2.to(base.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _rope_merge_kernel(DQ, DK, DV, Cos, Sin, DQKV, rows, seq_len, stride_row,
+                       HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HALF: tl.constexpr,
+                       BLOCK_H: tl.constexpr, BLOCK: tl.constexpr):
+    """The transpose of ``_rope_split_kernel``: head ``program_id(1)``'s gradient rows into the
+    packed gradient."""
+    head = tl.program_id(1)
+    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    d = tl.arange(0, BLOCK_H)
+    ok = (r < rows)[:, None] & (d < HALF)[None, :]
+    t, b = r % seq_len, r // seq_len
+    base, slab = _head_base(DQ, DK, DV, b, head, seq_len, HEADS, KV_HEADS, 2 * HALF)
+    src = base + (slab + t.to(tl.int64) * 2 * HALF)[:, None] + d[None, :]
+    g1 = tl.load(src, mask=ok, other=0.0).to(tl.float32)
+    g2 = tl.load(src + HALF, mask=ok, other=0.0).to(tl.float32)
+    if head < HEADS + KV_HEADS:
+        tab = t[:, None] * 2 * HALF + d[None, :]
+        c1 = tl.load(Cos + tab, mask=ok, other=0.0).to(tl.float32)
+        c2 = tl.load(Cos + tab + HALF, mask=ok, other=0.0).to(tl.float32)
+        s1 = tl.load(Sin + tab, mask=ok, other=0.0).to(tl.float32)
+        s2 = tl.load(Sin + tab + HALF, mask=ok, other=0.0).to(tl.float32)
+        g1, g2 = g1 * c1 + g2 * s2, g2 * c2 - g1 * s1
+    dst = DQKV + r.to(tl.int64)[:, None] * stride_row + head * 2 * HALF + d[None, :]
+    tl.store(dst, g1.to(DQKV.dtype.element_ty), mask=ok)
+    tl.store(dst + HALF, g2.to(DQKV.dtype.element_ty), mask=ok)
+
+
+def validate(qkv, cos, sin, heads: int, kv_heads: int) -> int:
+    """The head dim, after checking the op's inputs (before any launch)."""
+    require_tensors("rope_qkv", qkv=qkv, cos=cos, sin=sin)
+    if not (isinstance(heads, int) and isinstance(kv_heads, int) and kv_heads >= 1
+            and heads >= kv_heads and heads % kv_heads == 0):
+        raise ValueError(f"rope_qkv: heads must be a positive multiple of kv_heads, got "
+                         f"{heads!r} and {kv_heads!r}")
+    if qkv.dim() != 3 or qkv.shape[2] % (heads + 2 * kv_heads):
+        raise ValueError(f"rope_qkv: qkv must be (B, T, (heads + 2·kv_heads)·D), got "
+                         f"{tuple(qkv.shape)} for {heads} / {kv_heads} heads")
+    head_dim = qkv.shape[2] // (heads + 2 * kv_heads)
+    if head_dim % 2:
+        raise ValueError(f"rope_qkv: the head dim must be even, got {head_dim}")
+    if cos.shape != (qkv.shape[1], head_dim) or sin.shape != cos.shape:
+        raise ValueError(f"rope_qkv: cos and sin must be (T, D) = ({qkv.shape[1]}, {head_dim}), "
+                         f"got {tuple(cos.shape)} and {tuple(sin.shape)}")
+    if qkv.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        raise TypeError(f"rope_qkv: qkv must be fp16 / bf16 / fp32 / fp64, got {qkv.dtype}")
+    if not (cos.is_floating_point() and sin.is_floating_point()):
+        raise TypeError(f"rope_qkv: cos and sin must be floating, got {cos.dtype}, {sin.dtype}")
+    if len({qkv.device, cos.device, sin.device}) != 1:
+        raise ValueError("rope_qkv: qkv, cos and sin must be on one device")
+    return head_dim
+
+
+def _runs_triton(t: torch.Tensor) -> bool:
+    return bool(triton_supports(t.device)) and t.dtype != torch.float64
+
+
+def _launch(kernel, pointers, rows, seq_len, stride_row, heads, kv_heads, head_dim):
+    """``kernel`` over every row and head; ``pointers`` in the kernel's order."""
+    half = head_dim // 2
+    grid = (triton.cdiv(rows, BLOCK_T), heads + 2 * kv_heads)
+    kernel[grid](*pointers, rows, seq_len, stride_row, HEADS=heads, KV_HEADS=kv_heads,
+                 HALF=half, BLOCK_H=triton.next_power_of_2(half), BLOCK=BLOCK_T)
+
+
+def _split_torch(qkv, cos, sin, heads, kv_heads, head_dim):
+    batch, length, _ = qkv.shape
+    q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    q, k, v = (x.view(batch, length, n, head_dim).transpose(1, 2)
+               for x, n in ((q, heads), (k, kv_heads), (v, kv_heads)))
+    return (apply_rope(q, cos, sin).contiguous(), apply_rope(k, cos, sin).contiguous(),
+            v.contiguous())
+
+
+@torch.library.custom_op("ws_lab::rope_qkv", mutates_args=())
+def rope_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int,
+             kv_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """qkv (B, T, (heads + 2·kv_heads)·D), cos / sin (T, D) -> q (B, heads, T, D) and k
+    (B, kv_heads, T, D) rotated, v (B, kv_heads, T, D), all contiguous."""
+    head_dim = validate(qkv, cos, sin, heads, kv_heads)
+    if not _runs_triton(qkv):
+        return _split_torch(qkv, cos, sin, heads, kv_heads, head_dim)
+    batch, length, width = qkv.shape
+    qkv = qkv.contiguous()
+    q, k, v = (qkv.new_empty(batch, n, length, head_dim) for n in (heads, kv_heads, kv_heads))
+    _launch(_rope_split_kernel, (qkv, cos.contiguous(), sin.contiguous(), q, k, v),
+            batch * length, length, width, heads, kv_heads, head_dim)
+    return q, k, v
+
+
+@rope_qkv.register_fake
+def _(qkv, cos, sin, heads, kv_heads):
+    head_dim = validate(qkv, cos, sin, heads, kv_heads)
+    batch, length, _ = qkv.shape
+    return tuple(qkv.new_empty(batch, n, length, head_dim) for n in (heads, kv_heads, kv_heads))
+
+
+@torch.library.custom_op("ws_lab::rope_qkv_backward", mutates_args=())
+def rope_qkv_backward(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, cos: torch.Tensor,
+                      sin: torch.Tensor) -> torch.Tensor:
+    """The packed gradient (B, T, (Hq + 2·Hkv)·D) of ``rope_qkv`` from dq, dk, dv."""
+    batch, heads, length, head_dim = dq.shape
+    kv_heads = dk.shape[1]
+    if not _runs_triton(dq):
+        return torch.cat([_unrope(dq, cos, sin), _unrope(dk, cos, sin), dv.transpose(1, 2)
+                          .reshape(batch, length, -1)], dim=-1)
+    width = (heads + 2 * kv_heads) * head_dim
+    dqkv = dq.new_empty(batch, length, width)
+    _launch(_rope_merge_kernel, (dq.contiguous(), dk.contiguous(), dv.contiguous(),
+                                 cos.contiguous(), sin.contiguous(), dqkv),
+            batch * length, length, width, heads, kv_heads, head_dim)
+    return dqkv
+
+
+@rope_qkv_backward.register_fake
+def _(dq, dk, dv, cos, sin):
+    batch, heads, length, head_dim = dq.shape
+    return dq.new_empty(batch, length, (heads + 2 * dk.shape[1]) * head_dim)
+
+
+def _unrope(g, cos, sin):
+    """The transpose of ``apply_rope`` on (B, H, T, D), back to (B, T, H·D)."""
+    half = g.shape[-1] // 2
+    gs = g * sin
+    rotated = torch.cat((gs[..., half:], -gs[..., :half]), dim=-1)
+    return (g * cos + rotated).transpose(1, 2).reshape(g.shape[0], g.shape[2], -1)
+
+
+def _setup_context(ctx, inputs, output):
+    _, cos, sin, _, _ = inputs
+    ctx.save_for_backward(cos, sin)
+
+
+def _backward(ctx, dq, dk, dv):
+    cos, sin = ctx.saved_tensors
+    return rope_qkv_backward(dq, dk, dv, cos, sin), None, None, None, None
+
+
+rope_qkv.register_autograd(_backward, setup_context=_setup_context)
