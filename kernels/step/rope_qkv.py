@@ -6,7 +6,9 @@ Counterparts: HF's ``apply_rotary_pos_emb`` after three projections; Liger's ``L
 (q and k in place, no split). Left to Inductor, the backward's rotation, transposes and
 concatenation into the packed gradient lowered to one pointwise kernel at 109 µs a layer (16 × 456
 rows, D 64, H200) against the forward's 17 µs on the same bytes (notes/rollout.md "Session 45"), so
-the pair is a custom op, ``torch.ops.ws_lab.rope_qkv``, which Inductor leaves whole.
+the pair is a ``triton_op``, ``torch.ops.ws_lab.rope_qkv``: Inductor sees the two kernels and
+launches them from its own code. (As a plain custom op, each call went through the dispatcher and
+Triton's Python launcher: the kernels were faster, the compiled step slower.)
 
 HF's tables (T, D), rotate-half form, h = D / 2 (both passes compute in fp32, round once):
   forward   y[:h] = x[:h]·cos[:h] − x[h:]·sin[:h]      y[h:] = x[h:]·cos[h:] + x[:h]·sin[h:]
@@ -126,8 +128,9 @@ def _launch(kernel, pointers, rows, seq_len, stride_row, heads, kv_heads, head_d
     """``kernel`` over every row and head; ``pointers`` in the kernel's order."""
     half = head_dim // 2
     grid = (triton.cdiv(rows, BLOCK_T), heads + 2 * kv_heads)
-    kernel[grid](*pointers, rows, seq_len, stride_row, HEADS=heads, KV_HEADS=kv_heads,
-                 HALF=half, BLOCK_H=triton.next_power_of_2(half), BLOCK=BLOCK_T)
+    torch.library.wrap_triton(kernel)[grid](*pointers, rows, seq_len, stride_row, HEADS=heads,
+                                            KV_HEADS=kv_heads, HALF=half,
+                                            BLOCK_H=triton.next_power_of_2(half), BLOCK=BLOCK_T)
 
 
 def _split_torch(qkv, cos, sin, heads, kv_heads, head_dim):
@@ -139,7 +142,7 @@ def _split_torch(qkv, cos, sin, heads, kv_heads, head_dim):
             v.contiguous())
 
 
-@torch.library.custom_op("ws_lab::rope_qkv", mutates_args=())
+@torch.library.triton_op("ws_lab::rope_qkv", mutates_args=())
 def rope_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int,
              kv_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """qkv (B, T, (heads + 2·kv_heads)·D), cos / sin (T, D) -> q (B, heads, T, D) and k
@@ -155,14 +158,7 @@ def rope_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int
     return q, k, v
 
 
-@rope_qkv.register_fake
-def _(qkv, cos, sin, heads, kv_heads):
-    head_dim = validate(qkv, cos, sin, heads, kv_heads)
-    batch, length, _ = qkv.shape
-    return tuple(qkv.new_empty(batch, n, length, head_dim) for n in (heads, kv_heads, kv_heads))
-
-
-@torch.library.custom_op("ws_lab::rope_qkv_backward", mutates_args=())
+@torch.library.triton_op("ws_lab::rope_qkv_backward", mutates_args=())
 def rope_qkv_backward(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, cos: torch.Tensor,
                       sin: torch.Tensor) -> torch.Tensor:
     """The packed gradient (B, T, (Hq + 2·Hkv)·D) of ``rope_qkv`` from dq, dk, dv."""
@@ -177,12 +173,6 @@ def rope_qkv_backward(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, cos:
                                  cos.contiguous(), sin.contiguous(), dqkv),
             batch * length, length, width, heads, kv_heads, head_dim)
     return dqkv
-
-
-@rope_qkv_backward.register_fake
-def _(dq, dk, dv, cos, sin):
-    batch, heads, length, head_dim = dq.shape
-    return dq.new_empty(batch, length, (heads + 2 * dk.shape[1]) * head_dim)
 
 
 def _unrope(g, cos, sin):
