@@ -4,7 +4,8 @@ TileLang kernel (``kernels/fwd/pipelined.py``) with its lse output; the backward
 ``torch.compile`` traces both through their fakes. lse is returned for inspection and is not
 differentiable. ``deterministic=True`` makes the backward bitwise repeatable
 (``pipelined.attention_bwd``'s dQ kernel in place of its reduce-adds, which land in no
-fixed order)."""
+fixed order). Every kernel takes the batch at launch (``dynamic_batch``): a training loop's
+micro-batches and its planner's probes share one compile (notes/bwd.md "Session 46")."""
 from typing import Optional
 
 import torch
@@ -24,7 +25,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
               softmax_scale: Optional[float],
               deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     _check(q, k, v, causal, softmax_scale)
-    return fwd.attention(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True)
+    return fwd.attention(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True,
+                         dynamic_batch=True)
 
 
 @attention.register_fake
@@ -40,7 +42,7 @@ def attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.
                   softmax_scale: Optional[float],
                   deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return bwd.attention_bwd(q, k, v, out, dout, lse, causal, softmax_scale,
-                             deterministic=deterministic)
+                             deterministic=deterministic, dynamic_batch=True)
 
 
 @attention_bwd.register_fake

@@ -53,7 +53,7 @@ import torch
 
 from ws_lab.check import (Support, head_dims_supported, require_device,
                           validate_attention_inputs)
-from ws_lab.kernels import LOG2E
+from ws_lab.kernels import DYNAMIC_BATCH, LOG2E, batch_extent
 from ws_lab.kernels.bwd import prepost
 from ws_lab.kernels.fwd.barriers import NamedBarrier
 from ws_lab.target import compile_sm90a
@@ -93,7 +93,9 @@ def flash_bwd(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softmax_
               cfg: Config = DEFAULT, with_dq: bool = True):
     """The main kernel: (Q, K, V, dO, LSE (B, Hq, S) natural log, Δ (B, Hq, S)) -> dQ_accum
     (fp32, added to), dK, dV (dtype). Without ``with_dq`` (the deterministic mode) it has no dQ
-    parameter and computes dK and dV only: ``flash_bwd_dq`` makes dQ."""
+    parameter and computes dK and dV only: ``flash_bwd_dq`` makes dQ. ``batch`` may be
+    ``DYNAMIC_BATCH``."""
+    batch = batch_extent(batch)
     bm, bn, group = cfg.block_kv, cfg.block_q, heads // kv_heads
     scale_log2 = softmax_scale * LOG2E
     accum = "float"
@@ -293,7 +295,9 @@ def flash_bwd_dq(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softm
     """The deterministic mode's dQ kernel (FA2's separate dQ pass, in place of FA3's
     semaphore-ordered atomics): a CTA holds one Q tile of one head and walks the K/V tiles in
     order, S and dP recomputed (3 GEMMs a step: S = Q Kᵀ, dP = dO Vᵀ SS; dQ += dS K RS), dQ
-    summed in registers and written once in q's dtype: bitwise repeatable."""
+    summed in registers and written once in q's dtype: bitwise repeatable. ``batch`` may be
+    ``DYNAMIC_BATCH``."""
+    batch = batch_extent(batch)
     bm, bn, group = cfg.block_q, cfg.block_kv, heads // kv_heads
     scale_log2 = softmax_scale * LOG2E
     accum = "float"
@@ -371,14 +375,15 @@ def compiled_dq(*args):
 
 def attention_bwd(q, k, v, out, dout, lse, causal=False, softmax_scale=None, *, dq=None,
                   dk=None, dv=None, deterministic=False, config: Config = DEFAULT,
-                  dq_config: Config = DQ_DEFAULT):
+                  dq_config: Config = DQ_DEFAULT, dynamic_batch: bool = False):
     """(dq, dk, dv) of BSHD GQA attention, in q's dtype: q (B, S, Hq, D), k / v (B, S, Hkv, D),
     the forward's out and the upstream dout (B, S, Hq, D), lse (B, Hq, S) fp32 natural log.
     Δ = rowsum(dout ∘ out) and the cleared fp32 dQ accumulator come from ``prepost.preprocess``,
     dQ's cast from ``prepost.postprocess`` (FA3's two small kernels). ``dq`` / ``dk`` / ``dv``:
     output buffers shaped as q / k / v (every element is written). ``deterministic``: dQ from
     ``flash_bwd_dq`` (a fixed order; bitwise repeatable) instead of the main kernel's
-    reduce-adds, which land in no fixed order, at two recomputed GEMMs a step."""
+    reduce-adds, which land in no fixed order, at two recomputed GEMMs a step.
+    ``dynamic_batch``: one set of kernels for every batch (B a launch argument)."""
     dims = validate_attention_inputs(q, k, v, supported_head_dims=HEAD_DIMS,
                                      softmax_scale=softmax_scale, causal=causal, devices="any")
     q_like = f"{q.dtype} tensor of q's shape {tuple(q.shape)}"
@@ -399,10 +404,11 @@ def attention_bwd(q, k, v, out, dout, lse, causal=False, softmax_scale=None, *, 
     out, dout, lse = out.contiguous(), dout.contiguous(), lse.contiguous()
     dk = torch.empty_like(k) if dk is None else dk
     dv = torch.empty_like(v) if dv is None else dv
-    problem = (dims.batch, dims.seq_len, dims.heads, dims.kv_heads, dims.head_dim, bool(causal),
+    batch = DYNAMIC_BATCH if dynamic_batch else dims.batch  # the kernels' cache key
+    problem = (batch, dims.seq_len, dims.heads, dims.kv_heads, dims.head_dim, bool(causal),
                dims.tl_dtype, dims.softmax_scale)
     dq = torch.empty_like(q) if dq is None else dq
-    rows = (dims.batch, dims.seq_len, dims.heads, dims.head_dim, dims.tl_dtype)
+    rows = (batch, dims.seq_len, dims.heads, dims.head_dim, dims.tl_dtype)
     delta = torch.empty(want, dtype=torch.float32, device=q.device)
     if deterministic:
         prepost.compiled_preprocess(*rows, clear_dq=False)(out, dout, delta)

@@ -19,6 +19,7 @@ import functools
 
 import tilelang.language as T
 
+from ws_lab.kernels import batch_extent
 from ws_lab.target import compile_sm90a
 
 ROWS = 64  # rows of one head a CTA: 64 × 128 fp32 accumulator elements, 64 a thread
@@ -35,7 +36,8 @@ def dq_accum_shape(batch, seq_len, heads, head_dim):
 
 def preprocess(batch, seq_len, heads, head_dim, dtype, clear_dq: bool = True):
     """Δ from O and dO; with ``clear_dq`` (the main kernel's dQ path) also the zeroed
-    accumulator."""
+    accumulator. ``batch`` may be ``DYNAMIC_BATCH``."""
+    batch = batch_extent(batch)
     accum = "float"
 
     @T.macro
@@ -75,6 +77,8 @@ def preprocess(batch, seq_len, heads, head_dim, dtype, clear_dq: bool = True):
 
 
 def postprocess(batch, seq_len, heads, head_dim, dtype):
+    """dQ in q's dtype from the fp32 accumulator. ``batch`` may be ``DYNAMIC_BATCH``."""
+    batch = batch_extent(batch)
     accum = "float"
 
     @T.prim_func

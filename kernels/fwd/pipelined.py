@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import tilelang.language as T
 import torch
 
-from ws_lab.kernels import LOG2E
+from ws_lab.kernels import DYNAMIC_BATCH, LOG2E, batch_extent
 from ws_lab.kernels.fwd.softmax import alloc_softmax_state, normalize_o, online_softmax
 from ws_lab.kernels.fwd.tile_scheduler import qtile_grid
 from ws_lab.check import Support, head_dims_supported, validate_attention_inputs
@@ -75,7 +75,8 @@ def flash_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dty
               cfg: Config, with_lse: bool = False):
     """The TileLang prim_func: q (B,S,Hq,D), k (B,S,Hkv,D), v (B,S,Hkv,Dv) -> out (B,S,Hq,Dv),
     and with ``with_lse`` the rows' log-sum-exp of the scaled scores, LSE (B,Hq,S) fp32, natural
-    log: what the backward (kernels/bwd) reads."""
+    log: what the backward (kernels/bwd) reads. ``batch`` may be ``DYNAMIC_BATCH``."""
+    batch = batch_extent(batch)
     bm, bn = cfg.block_m, cfg.block_n
     group = heads // kv_heads
     scale_log2 = softmax_scale * LOG2E
@@ -173,14 +174,14 @@ def compiled(*args):
 
 
 def attention(q, k, v, causal=False, softmax_scale=None, out=None, config: "Config | None" = None,
-              return_lse: bool = False):
+              return_lse: bool = False, dynamic_batch: bool = False):
     """BSHD GQA forward. q (B,S,Hq,D), k (B,S,Hkv,D), v (B,S,Hkv,Dv) fp16/bf16 on CUDA. With
     ``return_lse``: (out, lse), lse (B,Hq,S) fp32, the natural log-sum-exp of each row's
-    scaled scores."""
+    scaled scores. ``dynamic_batch``: one kernel for every batch (B a launch argument)."""
     dims = validate_attention_inputs(q, k, v, supported_head_dims=HEAD_DIMS, out=out,
                                      softmax_scale=softmax_scale, causal=causal)
     cfg = config or config_for(dims.head_dim, dims.head_dim_v, bool(causal))
-    kernel = compiled(dims.batch, dims.seq_len, dims.heads, dims.kv_heads, dims.head_dim,
+    kernel = compiled(DYNAMIC_BATCH if dynamic_batch else dims.batch, dims.seq_len, dims.heads, dims.kv_heads, dims.head_dim,
                       dims.head_dim_v, bool(causal), dims.tl_dtype, dims.softmax_scale, cfg,
                       *((True,) if return_lse else ()))  # the same cache key as precompiles
     if out is None:

@@ -206,3 +206,50 @@ def test_every_walk_visits_each_head_and_q_tile_once(heads_inner):
     assert sorted(walk) == sorted(itertools.product(range(8, 12), range(first, n_qtiles)))
     tiles = [qt for _, qt in walk]
     assert (tiles == sorted(tiles, reverse=True)) == heads_inner
+
+
+def _op_kernels(batch):
+    """The training op's kernels (kernels/bwd/attention_op.py) at ``batch``, S 1000, causal."""
+    from ws_lab.kernels.bwd import prepost
+    from ws_lab.kernels.fwd import pipelined as fwd
+
+    args = (batch, 1000, 8, 2, 64, True, "bfloat16", 0.125)
+    rows = (batch, 1000, 8, 64, "bfloat16")
+    return {
+        "fwd": (fwd.flash_fwd(*args[:5], 64, *args[5:], fwd.config_for(64, 64, True),
+                              with_lse=True), None),
+        "pre": (prepost.preprocess(*rows), None),
+        "pre_delta": (prepost.preprocess(*rows, clear_dq=False), None),
+        "main": (pipelined.flash_bwd(*args), pipelined.PASS_CONFIGS),
+        "main_no_dq": (pipelined.flash_bwd(*args, with_dq=False), pipelined.PASS_CONFIGS),
+        "dq": (pipelined.flash_bwd_dq(*args), pipelined.PASS_CONFIGS),
+        "post": (prepost.postprocess(*rows), None)}
+
+
+@needs_nvcc
+def test_the_training_ops_kernels_take_the_batch_at_launch(tmp_path):
+    """With ``DYNAMIC_BATCH`` each of the op's seven kernels has an ``int batch`` parameter and
+    otherwise the static kernel's lines, but for 64-bit indices where B multiplies a stride (no
+    new bound, loop or barrier); the main backward compiles to the static one's GEMMs and
+    registers, without spills."""
+    from ws_lab.kernels import DYNAMIC_BATCH
+
+    static, dynamic = _op_kernels(3), _op_kernels(DYNAMIC_BATCH)
+    lowered = {}
+    for name, (func, configs) in dynamic.items():
+        got = emit.lower_prim_func(func, configs).kernel_source
+        want = emit.lower_prim_func(static[name][0], configs).kernel_source
+        assert "int batch)" in got and "int batch" not in want, name
+        got_lines, want_lines = got.splitlines(), want.splitlines()
+        assert len(got_lines) == len(want_lines), name
+        changed = [g for g, w in zip(got_lines, want_lines) if g != w]
+        assert all("int batch)" in g or "int64_t" in g for g in changed), (name, changed[:3])
+        lowered[name] = changed
+    assert lowered["main"] and lowered["fwd"]  # dQ's reduce-add and lse's store index by B
+    shape = shapes.Shape("bwd-dyn", 3, 8, 2, 1000, 64, 64, True, "bfloat16")
+    summaries = [emit.inspect(emit.lower_variant("bwd-pipelined", shape, kernels["main"][0],
+                                                 pipelined.PASS_CONFIGS), tmp_path / tag)
+                 for tag, kernels in (("static", static), ("dynamic", dynamic))]
+    assert summaries[0].hgmma == summaries[1].hgmma
+    assert summaries[0].registers == summaries[1].registers
+    assert summaries[1].spill_bytes == 0 and summaries[1].stack_frame == 0

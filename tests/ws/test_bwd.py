@@ -108,6 +108,40 @@ def test_forward_lse_matches_the_oracle(causal):
     assert (lse.double() - ref_lse).abs().max().item() < 1e-3
 
 
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_one_compile_serves_every_batch(deterministic):
+    """The training op's kernels take B at launch (``dynamic_batch``, as the op calls them): at
+    batches 1, 3 and 2 (a planner's probes, then a micro-batch), S 127, group 7, causal, out
+    and the three gradients NaN-poisoned match the oracle, and each kernel cache grows by at
+    most one entry (a batch in the key would add three)."""
+    import torch
+
+    from ws_lab.kernels.bwd import prepost
+    from ws_lab.kernels.fwd import pipelined as fwd
+
+    caches = (fwd.compiled, pipelined.compiled, pipelined.compiled_dq,
+              prepost.compiled_preprocess, prepost.compiled_postprocess)
+    before = [c.cache_info().currsize for c in caches]
+    for batch in (1, 3, 2):
+        q = torch.randn(batch, 127, 14, 64, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(batch, 127, 2, 64, device="cuda", dtype=torch.bfloat16)
+                for _ in range(2))
+        dout = torch.randn_like(q)
+        out, lse = fwd.attention(q, k, v, causal=True, out=torch.full_like(q, float("nan")),
+                                 return_lse=True, dynamic_batch=True)
+        want_out, want_lse = oracle.attention_ref(q, k, v, causal=True)
+        assert oracle.rel_l2(out, want_out) < TOLERANCE["bfloat16"], batch
+        assert (lse.double() - want_lse).abs().max().item() < 1e-3, batch
+        grads = pipelined.attention_bwd(q, k, v, out, dout, lse, True,
+                                        deterministic=deterministic, dynamic_batch=True,
+                                        **poisoned_grads(q, k, v))
+        want = oracle.attention_bwd_ref(q, k, v, dout, causal=True)
+        for name, got, ref in zip(("dq", "dk", "dv"), grads, want):
+            assert grad_error(got, ref) < TOLERANCE["bfloat16"], (batch, name)
+    grown = [c.cache_info().currsize - b for c, b in zip(caches, before)]
+    assert max(grown) <= 1, grown
+
+
 def test_the_op_trains_under_torch_compile_as_one_graph():
     """torch.ops.ws_lab.attention's gradients, eager and with the forward under
     torch.compile(fullgraph=True) (AOT autograd compiles the backward; one graph, no recompile
