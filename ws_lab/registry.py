@@ -63,8 +63,12 @@ class Kernel:
 
     @property
     def postproc_passes(self) -> tuple:
-        """The ``postproc`` passes the family compiles under (module attribute POSTPROC_PASSES;
-        none by default)."""
+        """The ``postproc`` passes this variant compiles under: the module's
+        ``postproc_passes_for(**options)`` where a family's variants differ, else its
+        POSTPROC_PASSES; none by default."""
+        per_variant = getattr(self._mod(), "postproc_passes_for", None)
+        if per_variant is not None:
+            return per_variant(**dict(self.options))
         return getattr(self._mod(), "POSTPROC_PASSES", ())
 
     @property

@@ -204,6 +204,15 @@ def coop_mainloop(cfg: coop.Config):
     return coop_overlap.overlap_mainloop(deferred_sums=not cfg.p_in_registers)
 
 
+def postproc_passes_for(design: str = "pipelined") -> tuple:
+    """The post-processor passes ``design`` compiles under (``ws_lab.emit`` shows its kernel
+    through them): the IntraWGOverlap mainloop's for the coop-overlap designs, none for the
+    pipelined one."""
+    if design == "pipelined":
+        return ()
+    return coop_mainloop(coop_config_for(False, p_in_registers=design == DESIGNS[3])).postproc_passes
+
+
 def compiled_coop(batch, seq_len, heads, kv_heads, head_dim, causal, softmax_scale,
                   cfg: coop.Config, *persistent_args):
     """``coop.coop_fwd`` on e4m3 (Q, K, Vᵀ, the descales, bf16 O) with the IntraWGOverlap

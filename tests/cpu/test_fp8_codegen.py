@@ -13,6 +13,7 @@ import torch
 from ws_lab import emit, oracle, registry, shapes
 from ws_lab.kernels.fwd import fp8
 from ws_lab.kernels.fwd.barriers import NamedBarrier
+from ws_lab.postproc import drop_anchor_fences
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 
@@ -122,7 +123,8 @@ def test_the_rs_design_takes_p_from_registers_at_224_keys_without_spills(tmp_pat
     shape = shapes.Shape(shape.name, shape.batch, shape.heads, shape.kv_heads, shape.seq_len,
                          shape.head_dim, shape.head_dim_v, causal, shape.dtype)
     func = fp8.prim_func_for(shape, design="coop-overlap-rs")
-    emitted = emit.lower_variant("fp8-coop-rs", shape, func, fp8.coop.PASS_CONFIGS)
+    passes = registry.get("fp8-coop-rs").postproc_passes  # what the kernel compiles under
+    emitted = emit.lower_variant("fp8-coop-rs", shape, func, fp8.coop.PASS_CONFIGS, passes)
     summary = emit.inspect(emitted, tmp_path)
     d = shape.head_dim
     assert set(summary.hgmma) == {f"64x{d}x32.F32.E4M3.E4M3.RS", "64x224x32.F32.E4M3.E4M3"}, \
@@ -130,6 +132,9 @@ def test_the_rs_design_takes_p_from_registers_at_224_keys_without_spills(tmp_pat
     assert summary.spill_bytes == 0 and summary.stack_frame == 0, summary.format()
     assert not summary.ptxas_remarks, summary.format()  # C7512: wgmmas serialised
     assert "p_s" not in emitted.source
+    # the wait anchor's proxy fences (a MEMBAR and a FENCE a block) are gone, as when it runs
+    arrive_fence = re.compile(r"tl::warpgroup_arrive\(\);\n\s*tl::fence_proxy_async\(\);")
+    assert arrive_fence.search(emitted.source) and not arrive_fence.search(emitted.postprocessed)
     for barrier in (NamedBarrier.FP8_P_WG1, NamedBarrier.FP8_P_WG2):
         assert f"__sync_thread_partial({int(barrier)}, 128)" not in emitted.source
 
@@ -168,6 +173,10 @@ def test_the_registry_binds_each_fp8_design():
         "design": "coop-overlap-persistent"}
     assert registry.get("fp8-coop-rs").fp8_attention.keywords == {"design": "coop-overlap-rs"}
     assert registry.get("fp8").fp8_attention.keywords == {}
+    # ws_lab.emit shows each design through the passes it compiles under
+    assert registry.get("fp8").postproc_passes == ()
+    for name in ("fp8-coop", "fp8-coop-persistent", "fp8-coop-rs"):
+        assert registry.get(name).postproc_passes == (drop_anchor_fences,), name
     with pytest.raises(TypeError, match="fp8 is a fp8 kernel, not a fwd one"):
         registry.get("fp8").attention
 
