@@ -50,6 +50,7 @@ class SassSummary:
     # the MUFU.EX2 between them, i.e. how much of the softmax runs while PV is in flight.
     ex2_between_waits: list = field(default_factory=list)
     issue_turns: list = field(default_factory=list)  # IssueTurn per pingpong turn (issue_turns)
+    gemm_loops: list = field(default_factory=list)  # GemmLoop per innermost wgmma loop
 
     @property
     def spill_bytes(self) -> int:
@@ -81,8 +82,58 @@ class SassSummary:
                          + " ".join(_run_length([("[(polled) " if t.polled_before else "[")
                                                   + " ".join(t.events) + "]"
                                                   for t in self.issue_turns])))
+        lines += [f"  {loop}" for loop in self.gemm_loops]
         lines += [f"  ptxas: {remark}" for remark in self.ptxas_remarks]
         return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class GemmLoop:
+    """An innermost loop holding wgmma (a mainloop's steady state): the span from a backward
+    branch's target to the branch, and its instructions by opcode (before the first dot, so
+    ``FFMA.FTZ`` counts as FFMA; the GEMMs as HGMMA / QGMMA)."""
+    start: int
+    end: int
+    opcodes: Counter
+
+    @property
+    def instructions(self) -> int:
+        return sum(self.opcodes.values())
+
+    def __str__(self):
+        gemms = sum(self.opcodes[k] for k in ("HGMMA", "QGMMA"))
+        top = ", ".join(f"{k} {n}" for k, n in self.opcodes.most_common(8))
+        return (f"GEMM loop {self.start:#x}-{self.end:#x}: {self.instructions} instructions, "
+                f"{gemms} wgmma; {top}")
+
+
+_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);")
+# a loop's back edge is predicated; an unpredicated backward BRA is the return from an
+# out-of-line mbarrier retry block at the function's tail, not a loop of its own
+_BACK_EDGE = re.compile(r"^@!?U?P\w+\s+BRA\b[^;]*?(0x[0-9a-f]+)")
+
+
+def _opcode(ins: str) -> str:
+    words = ins.split()
+    word = words[1] if words and words[0].startswith("@") and len(words) > 1 else (words or [""])[0]
+    return word.split(".")[0]
+
+
+def gemm_loops(sass: str) -> list[GemmLoop]:
+    """The innermost loops of one function's SASS that issue wgmma, in address order: each
+    predicated backward branch closes a loop; one that holds a GEMM and no smaller such loop
+    is kept."""
+    lines = [(int(m.group(1), 16), m.group(2).strip()) for m in _LINE.finditer(sass)]
+    spans = []
+    for address, ins in lines:
+        m = _BACK_EDGE.search(ins)
+        if m and int(m.group(1), 16) < address:
+            body = Counter(_opcode(i) for a, i in lines if int(m.group(1), 16) <= a <= address)
+            if body["HGMMA"] or body["QGMMA"]:
+                spans.append(GemmLoop(int(m.group(1), 16), address, body))
+    inner = [s for s in spans if not any(o is not s and s.start <= o.start and o.end <= s.end
+                                         for o in spans)]
+    return sorted(inner, key=lambda loop: loop.start)
 
 
 def _run_length(seq):
@@ -186,6 +237,7 @@ def summarize_sass(sass: str, summary: SassSummary | None = None) -> SassSummary
             if opcode == key or opcode.startswith(key + "."):
                 s.counts[key] += 1
     s.issue_turns = issue_turns(sass)
+    s.gemm_loops = gemm_loops(sass)
     return s
 
 

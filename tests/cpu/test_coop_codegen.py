@@ -63,6 +63,29 @@ def test_ex2_between_waits_counts_the_softmax_under_the_pv_wait():
     assert sass.summarize_sass(text).ex2_between_waits == [2]
 
 
+def test_gemm_loops_are_the_innermost_wgmma_loops():
+    """The SASS parser's steady loops: a predicated backward branch closes a loop; the outer
+    loop and a loop without wgmma are left out, and so is the unpredicated jump back from an
+    out-of-line mbarrier retry block."""
+    lines = ["MOV R1, R2",                                            # 0x00 outer loop
+             "HGMMA.64x128x16.F32 R24, gdesc[UR4], R24",              # 0x10 inner loop
+             "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R1+UR4], R2",       # 0x20
+             "@!P0 BRA 0xc0",                                         # 0x30 to the retry block
+             "FFMA.FTZ R3, R3, R4, R5",                               # 0x40
+             "@P1 BRA 0x10",                                          # 0x50 inner back edge
+             "FADD.FTZ R6, R6, R7",                                   # 0x60 a loop, no wgmma
+             "@P2 BRA 0x60",                                          # 0x70
+             "@P3 BRA 0x0",                                           # 0x80 outer back edge
+             "EXIT", "NOP", "NOP",                                    # 0x90-0xb0
+             "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R1+UR4], R2",       # 0xc0 the retry block
+             "BRA 0x20"]                                              # 0xd0
+    text = "\n".join(f"        /*{16 * i:04x}*/   {ins} ;" for i, ins in enumerate(lines))
+    (loop,) = sass.gemm_loops(text)
+    assert (loop.start, loop.end, loop.instructions) == (0x10, 0x50, 5)
+    assert loop.opcodes == {"HGMMA": 1, "SYNCS": 1, "BRA": 2, "FFMA": 1}
+    assert str(loop).startswith("GEMM loop 0x10-0x50: 5 instructions, 1 wgmma;")
+
+
 @needs_nvcc
 def test_ptxas_sinks_the_softmax_below_the_pv_wait(tmp_path):
     """ptxas (CUDA 13.0) puts each overlap iteration's PV wait (DEPBAR.LE 0) right after the QK
@@ -234,8 +257,13 @@ def test_persistent_epilogue_runs_beside_the_next_tiles_first_qk(tmp_path):
     """Persistent: each O store (UTMASTG) follows a DEPBAR.LE 1 — the last PV has retired, the
     next tile's first QK is still in flight — not a DEPBAR.LE 0 (nothing in flight)."""
     emitted = emit.lower("coop-overlap-persistent", shapes.get("llama8b-4k"))
-    emit.inspect(emitted, tmp_path)
+    summary = emit.inspect(emitted, tmp_path)
     text = next(tmp_path.glob("*.sass")).read_text()
+    # the steady KV loops (causal: the unmasked part, then the masked tail selecting -inf), a
+    # consumer warpgroup each; 8 QK and 8 PV wgmma a 128-key block
+    loops = summary.gemm_loops
+    assert [(loop.opcodes["HGMMA"], loop.opcodes["FSEL"] > 0) for loop in loops] == [
+        (16, False), (16, True)] * 2, summary.format()
     ops = re.findall(r"(WARPGROUP\.DEPBAR\.LE gsb0, 0x\d|UTMASTG)", text)
     stores = [i for i, op in enumerate(ops) if op == "UTMASTG"]
     assert stores
