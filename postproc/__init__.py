@@ -5,8 +5,8 @@ rewrite; ``active()`` installs it as TileLang's CUDA post-processing hook for a 
 (TileLang's kernel cache is off meanwhile: its key ignores the hook) and restores whatever hook
 was there before; blocks in several threads share one hook that runs each thread's passes.
 Passes: ``fences.fence_after_wait``, ``anchors.drop_anchor_fences`` and, outside ``PASSES``
-(a family opts in), ``rescale.skip_unit_rescale``; a kernel family compiles under the ones it
-needs.
+(a family opts in), ``rescale.skip_unit_rescale`` and ``uniform_wg.uniform_warpgroup``; a
+kernel family compiles under the ones it needs.
 """
 import contextlib
 import threading
@@ -14,13 +14,14 @@ import threading
 from ws_lab.postproc.anchors import drop_anchor_fences
 from ws_lab.postproc.fences import fence_after_wait
 from ws_lab.postproc.rescale import skip_unit_rescale
+from ws_lab.postproc.uniform_wg import uniform_warpgroup
 from ws_lab.postproc.report import PostprocError, Rewrite
 
 PASSES = (fence_after_wait, drop_anchor_fences)
 HOOK = "tilelang_callback_cuda_postproc"
 
 __all__ = ["PASSES", "PostprocError", "Rewrite", "active", "drop_anchor_fences",
-           "fence_after_wait", "postprocess", "skip_unit_rescale"]
+           "fence_after_wait", "postprocess", "skip_unit_rescale", "uniform_warpgroup"]
 
 
 def postprocess(code: str, passes=PASSES) -> tuple[str, list[Rewrite]]:

@@ -42,6 +42,7 @@ recomputed), dQ += dS K (RS), written once in q's dtype. Shared memory at D 128:
 64 KB, the K and V rings (2 stages) 64 KB, lse and Δ: 133120 B as lowered (the dQ store buffer
 reuses freed space). Bitwise repeatable over 20 runs on the H100 (tests/ws/test_bwd.py).
 """
+import contextlib
 import functools
 import math
 import operator
@@ -51,6 +52,7 @@ import tilelang
 import tilelang.language as T
 import torch
 
+from ws_lab import postproc
 from ws_lab.check import (Support, head_dims_supported, require_device,
                           validate_attention_inputs)
 from ws_lab.kernels import DYNAMIC_BATCH, LOG2E, batch_extent
@@ -77,6 +79,10 @@ class Config:
     # 1.03–1.04 × on llama8b-4k and the Qwen row, 0.93 × on llama8b-8k (notes/bwd.md,
     # "Session 37").
     heads_inner: bool = False
+    # wgmma descriptors offset by a warp-uniform warpgroup index (``postproc.uniform_warpgroup``):
+    # no R2UR before each wgmma, 670 -> 598 instructions a step of the main loop (train8b-4k,
+    # lowered); off until measured on a GPU (notes/bwd.md, "Session 46").
+    uniform_wg: bool = False
 
 
 # 2 consumer warpgroups of 64 K/V rows each, 64 Q rows a step: Sᵀ, dPᵀ and dQ 32 registers a
@@ -363,14 +369,23 @@ def prim_func_for(shape, config: Config = DEFAULT):
                      shape.causal, shape.dtype, 1.0 / math.sqrt(shape.head_dim), config)
 
 
+def _compile(func, cfg: Config):
+    """``func`` for sm_90a; with ``cfg.uniform_wg`` through ``postproc.uniform_warpgroup``."""
+    passes = (postproc.uniform_warpgroup,) if cfg.uniform_wg else ()
+    with postproc.active(passes=passes) if passes else contextlib.nullcontext():
+        return compile_sm90a(func, PASS_CONFIGS)
+
+
 @functools.lru_cache(maxsize=None)
 def compiled(*args, with_dq=True):
-    return compile_sm90a(flash_bwd(*args, with_dq=with_dq), PASS_CONFIGS)
+    """The main kernel for ``flash_bwd``'s positional arguments (the Config last)."""
+    return _compile(flash_bwd(*args, with_dq=with_dq), args[-1])
 
 
 @functools.lru_cache(maxsize=None)
 def compiled_dq(*args):
-    return compile_sm90a(flash_bwd_dq(*args), PASS_CONFIGS)
+    """The deterministic mode's dQ kernel for ``flash_bwd_dq``'s arguments (the Config last)."""
+    return _compile(flash_bwd_dq(*args), args[-1])
 
 
 def attention_bwd(q, k, v, out, dout, lse, causal=False, softmax_scale=None, *, dq=None,

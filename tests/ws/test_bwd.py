@@ -76,6 +76,23 @@ def test_the_heads_inner_walk_matches_the_oracle(head_dim, causal, dtype, group,
         assert grad_error(g, w) < TOLERANCE[dtype], name
 
 
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("head_dim,causal,dtype,group,seq_len", CASES[::2])
+def test_the_uniform_warpgroup_kernels_match_the_oracle(head_dim, causal, dtype, group, seq_len,
+                                                         deterministic):
+    """``Config(uniform_wg=True)`` (postproc.uniform_warpgroup; off by default until measured),
+    the main kernel and the deterministic mode's dQ kernel: the grid's bound."""
+    import dataclasses
+
+    inputs, want = problem(head_dim, causal, dtype, group, seq_len)
+    configs = dict(config=dataclasses.replace(pipelined.DEFAULT, uniform_wg=True),
+                   dq_config=dataclasses.replace(pipelined.DQ_DEFAULT, uniform_wg=True))
+    got = pipelined.attention_bwd(*inputs, causal, deterministic=deterministic, **configs,
+                                  **poisoned_grads(*inputs[:3]))
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        assert grad_error(g, w) < TOLERANCE[dtype], name
+
+
 @pytest.mark.parametrize("head_dim,causal,dtype,group,seq_len", CASES[::3])
 def test_deterministic_mode_matches_the_oracle_and_repeats_bitwise(head_dim, causal, dtype,
                                                                    group, seq_len):
