@@ -5,7 +5,7 @@ automatically warp-specialized ``T.Pipelined`` loop), it offsets each wgmma desc
 term in ``(((int)threadIdx.x) >> 7)``. ptxas cannot prove a ``threadIdx`` expression
 warp-uniform, so it builds the descriptors in vector registers and moves each into uniform
 registers (R2UR) before its wgmma: in the backward's main loop 64 R2UR, 30 VIADD and 28 more
-IMAD.MOV a step, 670 instructions a step against TileOPs' 465 (notes/bwd.md "Session 46").
+IMAD.MOV a step, 670 instructions a step against TileOPs' 465 (notes/bwd.md "Session 46, later").
 CUTLASS reads the index through a shuffle from lane 0 (``canonical_warp_group_idx``), which
 ptxas keeps in a uniform register.
 
@@ -20,8 +20,10 @@ from ws_lab.postproc.report import PostprocError, Rewrite
 
 WG_INDEX = "(((int)threadIdx.x) >> 7)"
 NAME = "tl_wg_idx"
-DECLARATION = f"  const int {NAME} = __shfl_sync(0xffffffffu, {WG_INDEX}, 0);  // uniform_warpgroup"
-_DEFINITION = re.compile(r"^extern \"C\" __global__ void (?:__launch_bounds__\([^)]*\) )?(\w+)\(.*\) \{$")
+DECLARATION = (f"  const int {NAME} = __shfl_sync(0xffffffffu, {WG_INDEX}, 0);"
+               "  // uniform_warpgroup")
+_DEFINITION = re.compile(
+    r"^extern \"C\" __global__ void (?:__launch_bounds__\([^)]*\) )?(\w+)\(.*\) \{$")
 
 
 def uniform_warpgroup(code: str) -> tuple[str, list[Rewrite]]:

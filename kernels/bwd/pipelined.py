@@ -81,7 +81,7 @@ class Config:
     heads_inner: bool = False
     # wgmma descriptors offset by a warp-uniform warpgroup index (``postproc.uniform_warpgroup``):
     # no R2UR before each wgmma, 670 -> 598 instructions a step of the main loop (train8b-4k,
-    # lowered); off until measured on a GPU (notes/bwd.md, "Session 46").
+    # lowered); off until measured on a GPU (notes/bwd.md, "Session 46, later").
     uniform_wg: bool = False
 
 

@@ -210,7 +210,8 @@ def postproc_passes_for(design: str = "pipelined") -> tuple:
     pipelined one."""
     if design == "pipelined":
         return ()
-    return coop_mainloop(coop_config_for(False, p_in_registers=design == DESIGNS[3])).postproc_passes
+    cfg = coop_config_for(False, p_in_registers=design == DESIGNS[3])
+    return coop_mainloop(cfg).postproc_passes
 
 
 def compiled_coop(batch, seq_len, heads, kv_heads, head_dim, causal, softmax_scale,
