@@ -43,6 +43,17 @@ def _head_base(Q, K, V, b, head, seq_len, HEADS: tl.constexpr, KV_HEADS: tl.cons
 
 
 @triton.jit
+def _tables(Cos, Sin, t, d, ok, HALF: tl.constexpr):
+    """HF's cos and sin (T, D) at positions ``t`` and columns ``d`` of each half, in fp32."""
+    tab = t[:, None] * 2 * HALF + d[None, :]
+    c1 = tl.load(Cos + tab, mask=ok, other=0.0).to(tl.float32)
+    c2 = tl.load(Cos + tab + HALF, mask=ok, other=0.0).to(tl.float32)
+    s1 = tl.load(Sin + tab, mask=ok, other=0.0).to(tl.float32)
+    s2 = tl.load(Sin + tab + HALF, mask=ok, other=0.0).to(tl.float32)
+    return c1, c2, s1, s2
+
+
+@triton.jit
 def _rope_split_kernel(QKV, Cos, Sin, Q, K, V, rows, seq_len, stride_row,
                        HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HALF: tl.constexpr,
                        BLOCK_H: tl.constexpr, BLOCK: tl.constexpr):
@@ -56,11 +67,7 @@ def _rope_split_kernel(QKV, Cos, Sin, Q, K, V, rows, seq_len, stride_row,
     x1 = tl.load(src, mask=ok, other=0.0).to(tl.float32)
     x2 = tl.load(src + HALF, mask=ok, other=0.0).to(tl.float32)
     if head < HEADS + KV_HEADS:
-        tab = t[:, None] * 2 * HALF + d[None, :]
-        c1 = tl.load(Cos + tab, mask=ok, other=0.0).to(tl.float32)
-        c2 = tl.load(Cos + tab + HALF, mask=ok, other=0.0).to(tl.float32)
-        s1 = tl.load(Sin + tab, mask=ok, other=0.0).to(tl.float32)
-        s2 = tl.load(Sin + tab + HALF, mask=ok, other=0.0).to(tl.float32)
+        c1, c2, s1, s2 = _tables(Cos, Sin, t, d, ok, HALF)
         x1, x2 = x1 * c1 - x2 * s1, x2 * c2 + x1 * s2
     base, slab = _head_base(Q, K, V, b, head, seq_len, HEADS, KV_HEADS, 2 * HALF)
     dst = base + (slab + t.to(tl.int64) * 2 * HALF)[:, None] + d[None, :]
@@ -84,11 +91,7 @@ def _rope_merge_kernel(DQ, DK, DV, Cos, Sin, DQKV, rows, seq_len, stride_row,
     g1 = tl.load(src, mask=ok, other=0.0).to(tl.float32)
     g2 = tl.load(src + HALF, mask=ok, other=0.0).to(tl.float32)
     if head < HEADS + KV_HEADS:
-        tab = t[:, None] * 2 * HALF + d[None, :]
-        c1 = tl.load(Cos + tab, mask=ok, other=0.0).to(tl.float32)
-        c2 = tl.load(Cos + tab + HALF, mask=ok, other=0.0).to(tl.float32)
-        s1 = tl.load(Sin + tab, mask=ok, other=0.0).to(tl.float32)
-        s2 = tl.load(Sin + tab + HALF, mask=ok, other=0.0).to(tl.float32)
+        c1, c2, s1, s2 = _tables(Cos, Sin, t, d, ok, HALF)
         g1, g2 = g1 * c1 + g2 * s2, g2 * c2 - g1 * s1
     dst = DQKV + r.to(tl.int64)[:, None] * stride_row + head * 2 * HALF + d[None, :]
     tl.store(dst, g1.to(DQKV.dtype.element_ty), mask=ok)

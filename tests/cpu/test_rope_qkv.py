@@ -2,15 +2,10 @@
 against autograd through the float64 reference (ragged row blocks, GQA groups, a half width
 that is not a power of two, fp16 and fp32); the torch path a CPU training run takes, with
 ``opcheck``; and the input checks (before any launch)."""
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
+from tests.interpret import run_interpreted
 from ws_lab.kernels.step import rope_qkv as rq
 
 # (B, T, Hq, Hkv, D, dtype, bound): 70 rows are a ragged second 64-row block; D 12's half is 6
@@ -45,12 +40,7 @@ print(json.dumps(results))
 
 @pytest.fixture(scope="module")
 def errors():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    done = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(CASES)], env=env,
-                          cwd=Path(__file__).resolve().parents[2], capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_interpreted(SCRIPT, CASES)
 
 
 @pytest.mark.parametrize("i", range(len(CASES)))

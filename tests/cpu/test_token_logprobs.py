@@ -2,7 +2,6 @@
 log-probs and both gradients (hidden and the lm_head's weight), over ragged vocabulary chunks,
 one chunk, targets at the vocabulary's ends, fp32 and fp16; and its input checks (no
 interpreter needed: they come before any launch)."""
-import json
 import os
 import subprocess
 import sys
@@ -11,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.interpret import run_interpreted
 from ws_lab.kernels.step import token_logprobs as tlp
 
 # (N, H, V, chunk, dtype, bound): chunks of 256 over 1000 (the last 232), one chunk, fp16
@@ -44,12 +44,7 @@ print(json.dumps(results))
 
 @pytest.fixture(scope="module")
 def errors():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    done = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(CASES)], env=env,
-                          cwd=Path(__file__).resolve().parents[2], capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_interpreted(SCRIPT, CASES)
 
 
 @pytest.mark.parametrize("index", range(len(CASES)), ids=lambda i: "-".join(map(str, CASES[i][:5])))
