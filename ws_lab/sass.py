@@ -114,21 +114,27 @@ _BACK_EDGE = re.compile(r"^@!?U?P\w+\s+BRA\b[^;]*?(0x[0-9a-f]+)")
 
 
 def _opcode(ins: str) -> str:
+    """The instruction's opcode with its modifiers (``MUFU.EX2``), past any predicate."""
     words = ins.split()
-    word = words[1] if words and words[0].startswith("@") and len(words) > 1 else (words or [""])[0]
-    return word.split(".")[0]
+    return words[1] if words and words[0].startswith("@") and len(words) > 1 else (words or [""])[0]
+
+
+def _addressed_instructions(sass: str) -> list[tuple[int, str]]:
+    """(address, instruction text) of each SASS line, in program order."""
+    return [(int(m.group(1), 16), m.group(2).strip()) for m in _LINE.finditer(sass)]
 
 
 def gemm_loops(sass: str) -> list[GemmLoop]:
     """The innermost loops of one function's SASS that issue wgmma, in address order: each
     predicated backward branch closes a loop; one that holds a GEMM and no smaller such loop
     is kept."""
-    lines = [(int(m.group(1), 16), m.group(2).strip()) for m in _LINE.finditer(sass)]
+    lines = _addressed_instructions(sass)
     spans = []
     for address, ins in lines:
         m = _BACK_EDGE.search(ins)
         if m and int(m.group(1), 16) < address:
-            body = Counter(_opcode(i) for a, i in lines if int(m.group(1), 16) <= a <= address)
+            body = Counter(_opcode(i).split(".")[0] for a, i in lines
+                           if int(m.group(1), 16) <= a <= address)
             if body["HGMMA"] or body["QGMMA"]:
                 spans.append(GemmLoop(int(m.group(1), 16), address, body))
     inner = [s for s in spans if not any(o is not s and s.start <= o.start and o.end <= s.end
@@ -177,7 +183,7 @@ def issue_turns(sass: str, barrier_ids=(1, 2)) -> list[IssueTurn]:
     kernels/fwd/coop.py ``NamedBarrier.WARP_SCHEDULER_WG1/2``), in program order."""
     turns, events, polled = [], None, False
     for ins in sass_instructions(sass):
-        opcode = ins.split()[1] if ins.startswith("@") else ins.split()[0]
+        opcode = _opcode(ins)
         if (m := _TURN_SYNC.match(ins)) and int(m.group(1), 16) in barrier_ids:
             events, polled_before = [], polled
         elif (m := _TURN_ARRIVE.match(ins)) and events is not None:
@@ -205,7 +211,7 @@ def _wg_name(text: str) -> str:
 
 def sass_instructions(sass: str) -> list[str]:
     """The instruction text of each SASS line, in program order."""
-    return [m.group(1).strip() for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", sass)]
+    return [ins for _, ins in _addressed_instructions(sass)]
 
 
 def summarize_sass(sass: str, summary: SassSummary | None = None) -> SassSummary:
@@ -228,9 +234,7 @@ def summarize_sass(sass: str, summary: SassSummary | None = None) -> SassSummary
                 ex2_since_wait1 = 0 if left == 1 else None
         elif m := _MAXREG.search(ins):
             s.setmaxnreg.append(f"{m.group(1)} {int(m.group(2), 0)}")
-        opcode = ins.split()[0] if ins.split() else ""
-        if opcode.startswith("@"):
-            opcode = ins.split()[1]
+        opcode = _opcode(ins)
         if opcode == "MUFU.EX2" and ex2_since_wait1 is not None:
             ex2_since_wait1 += 1
         for key in COUNTED:
