@@ -1,6 +1,7 @@
 """RoPE over a packed q|k|v projection, as the lab's training decoder runs it (issue #47): one
-Triton pass splits (B, T, (Hq + 2·Hkv)·D) into q, k and v, each (B, H, T, D) contiguous, with q
-and k rotated, and its backward writes the packed gradient in one pass.
+Triton pass splits (B, T, (Hq + 2·Hkv)·D) into q, k and v, each (B, H, T, D) contiguous (SDPA's
+layout) or with ``bshd`` (B, T, H, D) contiguous (the lab's attention op's: no transposing copy
+either way), with q and k rotated, and its backward writes the packed gradient in one pass.
 
 Counterparts: HF's ``apply_rotary_pos_emb`` after three projections; Liger's ``LigerRopeFunction``
 (q and k in place, no split). Left to Inductor, the backward's rotation, transposes and
@@ -29,17 +30,20 @@ BLOCK_T = 64  # rows a program: 64 × D / 2 elements a half
 
 
 @triton.jit
-def _head_base(Q, K, V, b, head, seq_len, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
-               HEAD_DIM: tl.constexpr):
-    """Row offsets (per b) of ``head``'s (T, D) slab in its own (B, H, T, D) tensor, and that
-    tensor."""
+def _head_rows(Q, K, V, r, seq_len, head, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
+               HEAD_DIM: tl.constexpr, BSHD: tl.constexpr):
+    """The tensor ``head`` lives in (q, k or v) and the offsets of rows ``r`` (b·T + t) of it
+    there: (B, H, T, D) or, with ``BSHD``, (B, T, H, D), both contiguous."""
     if head < HEADS:
-        base, slab = Q, (b * HEADS + head).to(tl.int64)
+        base, h, n = Q, head, HEADS
     elif head < HEADS + KV_HEADS:
-        base, slab = K, (b * KV_HEADS + head - HEADS).to(tl.int64)
+        base, h, n = K, head - HEADS, KV_HEADS
     else:
-        base, slab = V, (b * KV_HEADS + head - HEADS - KV_HEADS).to(tl.int64)
-    return base, slab * seq_len * HEAD_DIM
+        base, h, n = V, head - HEADS - KV_HEADS, KV_HEADS
+    r = r.to(tl.int64)
+    if BSHD:
+        return base, (r * n + h) * HEAD_DIM
+    return base, ((r // seq_len * n + h) * seq_len + r % seq_len) * HEAD_DIM
 
 
 @triton.jit
@@ -56,21 +60,20 @@ def _tables(Cos, Sin, t, d, ok, HALF: tl.constexpr):
 @triton.jit
 def _rope_split_kernel(QKV, Cos, Sin, Q, K, V, rows, seq_len, stride_row,
                        HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HALF: tl.constexpr,
-                       BLOCK_H: tl.constexpr, BLOCK: tl.constexpr):
+                       BLOCK_H: tl.constexpr, BLOCK: tl.constexpr, BSHD: tl.constexpr):
     """Rows [pid·BLOCK, …) of head ``program_id(1)``: rotated (q, k) or copied (v)."""
     head = tl.program_id(1)
     r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     d = tl.arange(0, BLOCK_H)
     ok = (r < rows)[:, None] & (d < HALF)[None, :]
-    t, b = r % seq_len, r // seq_len
     src = QKV + r.to(tl.int64)[:, None] * stride_row + head * 2 * HALF + d[None, :]
     x1 = tl.load(src, mask=ok, other=0.0).to(tl.float32)
     x2 = tl.load(src + HALF, mask=ok, other=0.0).to(tl.float32)
     if head < HEADS + KV_HEADS:
-        c1, c2, s1, s2 = _tables(Cos, Sin, t, d, ok, HALF)
+        c1, c2, s1, s2 = _tables(Cos, Sin, r % seq_len, d, ok, HALF)
         x1, x2 = x1 * c1 - x2 * s1, x2 * c2 + x1 * s2
-    base, slab = _head_base(Q, K, V, b, head, seq_len, HEADS, KV_HEADS, 2 * HALF)
-    dst = base + (slab + t.to(tl.int64) * 2 * HALF)[:, None] + d[None, :]
+    base, offsets = _head_rows(Q, K, V, r, seq_len, head, HEADS, KV_HEADS, 2 * HALF, BSHD)
+    dst = base + offsets[:, None] + d[None, :]
     tl.store(dst, x1.to(base.dtype.element_ty), mask=ok)
     tl.store(dst + HALF, x2.to(base.dtype.element_ty), mask=ok)
 
@@ -78,20 +81,19 @@ def _rope_split_kernel(QKV, Cos, Sin, Q, K, V, rows, seq_len, stride_row,
 @triton.jit
 def _rope_merge_kernel(DQ, DK, DV, Cos, Sin, DQKV, rows, seq_len, stride_row,
                        HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HALF: tl.constexpr,
-                       BLOCK_H: tl.constexpr, BLOCK: tl.constexpr):
+                       BLOCK_H: tl.constexpr, BLOCK: tl.constexpr, BSHD: tl.constexpr):
     """The transpose of ``_rope_split_kernel``: head ``program_id(1)``'s gradient rows into the
     packed gradient."""
     head = tl.program_id(1)
     r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     d = tl.arange(0, BLOCK_H)
     ok = (r < rows)[:, None] & (d < HALF)[None, :]
-    t, b = r % seq_len, r // seq_len
-    base, slab = _head_base(DQ, DK, DV, b, head, seq_len, HEADS, KV_HEADS, 2 * HALF)
-    src = base + (slab + t.to(tl.int64) * 2 * HALF)[:, None] + d[None, :]
+    base, offsets = _head_rows(DQ, DK, DV, r, seq_len, head, HEADS, KV_HEADS, 2 * HALF, BSHD)
+    src = base + offsets[:, None] + d[None, :]
     g1 = tl.load(src, mask=ok, other=0.0).to(tl.float32)
     g2 = tl.load(src + HALF, mask=ok, other=0.0).to(tl.float32)
     if head < HEADS + KV_HEADS:
-        c1, c2, s1, s2 = _tables(Cos, Sin, t, d, ok, HALF)
+        c1, c2, s1, s2 = _tables(Cos, Sin, r % seq_len, d, ok, HALF)
         g1, g2 = g1 * c1 + g2 * s2, g2 * c2 - g1 * s1
     dst = DQKV + r.to(tl.int64)[:, None] * stride_row + head * 2 * HALF + d[None, :]
     tl.store(dst, g1.to(DQKV.dtype.element_ty), mask=ok)
@@ -127,54 +129,61 @@ def _runs_triton(t: torch.Tensor) -> bool:
     return bool(triton_supports(t.device)) and t.dtype != torch.float64
 
 
-def _launch(kernel, pointers, rows, seq_len, stride_row, heads, kv_heads, head_dim):
+def _launch(kernel, pointers, rows, seq_len, stride_row, heads, kv_heads, head_dim, bshd):
     """``kernel`` over every row and head; ``pointers`` in the kernel's order."""
     half = head_dim // 2
     grid = (triton.cdiv(rows, BLOCK_T), heads + 2 * kv_heads)
     torch.library.wrap_triton(kernel)[grid](*pointers, rows, seq_len, stride_row, HEADS=heads,
                                             KV_HEADS=kv_heads, HALF=half,
-                                            BLOCK_H=triton.next_power_of_2(half), BLOCK=BLOCK_T)
+                                            BLOCK_H=triton.next_power_of_2(half), BLOCK=BLOCK_T,
+                                            BSHD=bshd)
 
 
-def _split_torch(qkv, cos, sin, heads, kv_heads, head_dim):
+def _split_torch(qkv, cos, sin, heads, kv_heads, head_dim, bshd):
     batch, length, _ = qkv.shape
     q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
     q, k, v = (x.view(batch, length, n, head_dim).transpose(1, 2)
                for x, n in ((q, heads), (k, kv_heads), (v, kv_heads)))
-    return (apply_rope(q, cos, sin).contiguous(), apply_rope(k, cos, sin).contiguous(),
-            v.contiguous())
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    return tuple((x.transpose(1, 2) if bshd else x).contiguous() for x in (q, k, v))
 
 
 @torch.library.triton_op("ws_lab::rope_qkv", mutates_args=())
 def rope_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int,
-             kv_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+             kv_heads: int, bshd: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """qkv (B, T, (heads + 2·kv_heads)·D), cos / sin (T, D) -> q (B, heads, T, D) and k
-    (B, kv_heads, T, D) rotated, v (B, kv_heads, T, D), all contiguous."""
+    (B, kv_heads, T, D) rotated, v (B, kv_heads, T, D), all contiguous; with ``bshd`` each
+    (B, T, H, D) instead."""
     head_dim = validate(qkv, cos, sin, heads, kv_heads)
     if not _runs_triton(qkv):
-        return _split_torch(qkv, cos, sin, heads, kv_heads, head_dim)
+        return _split_torch(qkv, cos, sin, heads, kv_heads, head_dim, bshd)
     batch, length, width = qkv.shape
     qkv = qkv.contiguous()
-    q, k, v = (qkv.new_empty(batch, n, length, head_dim) for n in (heads, kv_heads, kv_heads))
+    q, k, v = (qkv.new_empty((batch, length, n, head_dim) if bshd else
+                             (batch, n, length, head_dim)) for n in (heads, kv_heads, kv_heads))
     _launch(_rope_split_kernel, (qkv, cos.contiguous(), sin.contiguous(), q, k, v),
-            batch * length, length, width, heads, kv_heads, head_dim)
+            batch * length, length, width, heads, kv_heads, head_dim, bshd)
     return q, k, v
 
 
 @torch.library.triton_op("ws_lab::rope_qkv_backward", mutates_args=())
 def rope_qkv_backward(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, cos: torch.Tensor,
-                      sin: torch.Tensor) -> torch.Tensor:
-    """The packed gradient (B, T, (Hq + 2·Hkv)·D) of ``rope_qkv`` from dq, dk, dv."""
-    batch, heads, length, head_dim = dq.shape
-    kv_heads = dk.shape[1]
+                      sin: torch.Tensor, bshd: bool = False) -> torch.Tensor:
+    """The packed gradient (B, T, (Hq + 2·Hkv)·D) of ``rope_qkv`` from dq, dk, dv, laid out as
+    its outputs were (``bshd``)."""
+    head_axis = 2 if bshd else 1
+    batch, length, head_dim = dq.shape[0], dq.shape[3 - head_axis], dq.shape[3]
+    heads, kv_heads = dq.shape[head_axis], dk.shape[head_axis]
     if not _runs_triton(dq):
+        if bshd:
+            dq, dk, dv = (g.transpose(1, 2) for g in (dq, dk, dv))
         return torch.cat([_unrope(dq, cos, sin), _unrope(dk, cos, sin), dv.transpose(1, 2)
                           .reshape(batch, length, -1)], dim=-1)
     width = (heads + 2 * kv_heads) * head_dim
     dqkv = dq.new_empty(batch, length, width)
     _launch(_rope_merge_kernel, (dq.contiguous(), dk.contiguous(), dv.contiguous(),
                                  cos.contiguous(), sin.contiguous(), dqkv),
-            batch * length, length, width, heads, kv_heads, head_dim)
+            batch * length, length, width, heads, kv_heads, head_dim, bshd)
     return dqkv
 
 
@@ -187,13 +196,13 @@ def _unrope(g, cos, sin):
 
 
 def _setup_context(ctx, inputs, output):
-    _, cos, sin, _, _ = inputs
+    _, cos, sin, _, _, ctx.bshd = inputs
     ctx.save_for_backward(cos, sin)
 
 
 def _backward(ctx, dq, dk, dv):
     cos, sin = ctx.saved_tensors
-    return rope_qkv_backward(dq, dk, dv, cos, sin), None, None, None, None
+    return rope_qkv_backward(dq, dk, dv, cos, sin, ctx.bshd), None, None, None, None, None
 
 
 rope_qkv.register_autograd(_backward, setup_context=_setup_context)

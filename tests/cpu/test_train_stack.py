@@ -79,3 +79,7 @@ def test_the_training_decoder_on_the_labs_attention_traces_as_one_graph():
         compiled(torch.randint(0, config.TINY["vocab_size"], (2, 9)))
     calls = [n for n in graphs[0].graph.nodes if "ws_lab.attention" in str(n.target)]
     assert len(graphs) == 1 and len(calls) == model.config.num_hidden_layers
+    # q, k and v come straight out of rope_qkv in the op's (B, T, H, D): no transposing copy
+    for call in calls:
+        sources = {str(arg.args[0].target) for arg in call.args[:3]}
+        assert len(sources) == 1 and "ws_lab.rope_qkv" in sources.pop(), call.args[:3]

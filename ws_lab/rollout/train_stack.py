@@ -40,7 +40,7 @@ class TrainingDecoder(torch.nn.Module):
 
     def forward(self, ids: torch.Tensor, keep_kv: bool = False):
         """The last hidden states; with ``keep_kv`` also each layer's rotated K and V, (B, Hkv,
-        T, D) each, as a prefill fills a cache with them."""
+        T, D) each (transposed views under the lab's attention), as a prefill fills a cache."""
         inner = self.inner
         hidden = inner.embed_tokens(ids)
         positions = torch.arange(ids.shape[1], device=ids.device)[None]
@@ -62,13 +62,14 @@ class TrainingDecoder(torch.nn.Module):
         biases = list(qkv_biases(layer))
         bias = None if any(b is None for b in biases) else torch.cat(biases)
         qkv = F.linear(x, weights, bias)
-        q, k, v = torch.ops.ws_lab.rope_qkv(qkv, cos, sin, self.heads, self.kv_heads)
+        # q, k, v straight in the layout their attention reads: (B, T, H, D) for the lab's op,
+        # (B, H, T, D) for SDPA, so no transposing copy runs either way
+        lab = self.config._attn_implementation == hf_attention.NAME
+        q, k, v = torch.ops.ws_lab.rope_qkv(qkv, cos, sin, self.heads, self.kv_heads, lab)
         if kv is not None:
-            kv.append((k, v))
-        if self.config._attn_implementation == hf_attention.NAME:
-            out = hf_attention.lab_attention(q.transpose(1, 2).contiguous(),
-                                             k.transpose(1, 2).contiguous(),
-                                             v.transpose(1, 2).contiguous(), True, None)
+            kv.append((k.transpose(1, 2), v.transpose(1, 2)) if lab else (k, v))
+        if lab:
+            out = hf_attention.lab_attention(q, k, v, True, None)
         else:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True,
                                                  enable_gqa=True).transpose(1, 2)
