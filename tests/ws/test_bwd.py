@@ -254,6 +254,46 @@ def test_a_qwen2_model_trains_on_the_lab_attention():
     assert all(oracle.rel_l2(g, w) < 2e-2 for g, w in zip(got_grads, want_grads))
 
 
+def test_the_training_decoder_on_the_lab_attention_errs_as_hfs_decoder_does():
+    """``TrainingDecoder`` with ``attn_implementation="ws_lab"`` (q, k, v handed to the op in
+    (B, T, H, D) by ``rope_qkv(bshd=True)``), bf16, against HF's decoder in float64 (autograd
+    through the reference): the hidden states and every parameter's gradient err no more than
+    1.5 × HF's own bf16 decoder's. Layer 0's kept K / V equal the SDPA decoder's bitwise (the
+    same RoPE pass, the other layout)."""
+    import copy
+
+    import torch
+
+    pytest.importorskip("transformers")
+    from ws_lab.rollout import config, hf_attention
+    from ws_lab.rollout.train_stack import TrainingDecoder
+
+    shape = dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2)
+    hf = config.random_model(config.qwen2_config(config.TINY, **shape), torch.bfloat16, "cuda")
+    model, reference = copy.deepcopy(hf).train(), copy.deepcopy(hf).double().train()
+    model.set_attn_implementation(hf_attention.register())
+    ids = torch.randint(0, hf.config.vocab_size, (3, 456), device="cuda")
+    weight = torch.randn(3, 456, hf.config.hidden_size, device="cuda", dtype=torch.float64)
+
+    def hidden_and_grads(forward, module):
+        module.zero_grad(set_to_none=True)
+        out = forward(ids)
+        (out * weight.to(out.dtype)).sum().backward()
+        return [out.detach()] + [p.grad for p in module.parameters()]
+
+    want = hidden_and_grads(lambda i: reference.model(i).last_hidden_state, reference)
+    own = hidden_and_grads(lambda i: hf.model(i).last_hidden_state, hf)
+    got = hidden_and_grads(TrainingDecoder(model), model)
+    for index, (lab, fp, ref) in enumerate(zip(got, own, want)):
+        assert torch.isfinite(lab).all() and lab.abs().sum() > 0, index
+        assert oracle.rel_l2(lab, ref) <= 1.5 * oracle.rel_l2(fp, ref) + 1e-4, index
+    with torch.no_grad():
+        lab_kv = TrainingDecoder(model)(ids, keep_kv=True)[1][0]
+        sdpa_kv = TrainingDecoder(hf)(ids, keep_kv=True)[1][0]
+    for got_t, want_t in zip(lab_kv, sdpa_kv):
+        assert got_t.shape == want_t.shape and torch.equal(got_t, want_t)
+
+
 SANITIZED = """
 import torch
 from ws_lab import oracle
