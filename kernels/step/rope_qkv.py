@@ -27,6 +27,7 @@ from ws_lab.check import require_tensors, triton_supports
 from ws_lab.rope import apply_rope
 
 BLOCK_T = 64  # rows a program: 64 × D / 2 elements a half
+NUM_WARPS = 4  # Triton's default, which the launch keeps; named for the static report
 
 
 @triton.jit
@@ -129,14 +130,33 @@ def _runs_triton(t: torch.Tensor) -> bool:
     return bool(triton_supports(t.device)) and t.dtype != torch.float64
 
 
+def _meta(heads, kv_heads, head_dim, bshd) -> dict:
+    """Both passes' constexprs (the launch's and ``static_specs``')."""
+    half = head_dim // 2
+    return dict(HEADS=heads, KV_HEADS=kv_heads, HALF=half, BLOCK_H=triton.next_power_of_2(half),
+                BLOCK=BLOCK_T, BSHD=bshd)
+
+
 def _launch(kernel, pointers, rows, seq_len, stride_row, heads, kv_heads, head_dim, bshd):
     """``kernel`` over every row and head; ``pointers`` in the kernel's order."""
-    half = head_dim // 2
     grid = (triton.cdiv(rows, BLOCK_T), heads + 2 * kv_heads)
-    torch.library.wrap_triton(kernel)[grid](*pointers, rows, seq_len, stride_row, HEADS=heads,
-                                            KV_HEADS=kv_heads, HALF=half,
-                                            BLOCK_H=triton.next_power_of_2(half), BLOCK=BLOCK_T,
-                                            BSHD=bshd)
+    torch.library.wrap_triton(kernel)[grid](*pointers, rows, seq_len, stride_row,
+                                            **_meta(heads, kv_heads, head_dim, bshd))
+
+
+def static_specs(heads=14, kv_heads=2, head_dim=64, bshd=False, dtype="bfloat16"):
+    """sm_90 specializations of the split and merge passes for the no-GPU static report
+    (default: the Dr. GRPO update's Qwen2.5-0.5B layer), with the launch's constexprs."""
+    from ws_lab.triton_static import StaticSpec
+
+    elem = {"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32"}[dtype]
+    meta = _meta(heads, kv_heads, head_dim, bshd)
+    # both signatures open with their six tensors, then rows, seq_len, stride_row
+    return [StaticSpec(name, kernel, dict({n: elem for n in kernel.arg_names[:6]}, rows="i32",
+                                          seq_len="i32", stride_row="i32"),
+                       meta, dict(num_warps=NUM_WARPS))
+            for name, kernel in (("rope_split", _rope_split_kernel),
+                                 ("rope_merge", _rope_merge_kernel))]
 
 
 def _split_torch(qkv, cos, sin, heads, kv_heads, head_dim, bshd):
