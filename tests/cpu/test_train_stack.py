@@ -8,6 +8,7 @@ import torch
 
 pytest.importorskip("transformers")
 
+from tests.decoder_grads import errors_against_float64  # noqa: E402
 from ws_lab.rollout import config  # noqa: E402
 from ws_lab.rollout.train_stack import TrainingDecoder  # noqa: E402
 
@@ -16,37 +17,18 @@ def _model():
     return config.random_model(config.qwen2_config(config.TINY), torch.float32, "cpu").train()
 
 
-def _hidden_and_grads(forward, model, ids, weight):
-    model.zero_grad(set_to_none=True)
-    hidden = forward(ids)
-    (hidden * weight).sum().backward()
-    return hidden.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
-
-
-def _rel(got, want) -> float:
-    return ((got.double() - want).norm() / want.norm()).item()
-
-
 def test_the_training_decoder_equals_hfs_forward_and_gradients():
     """Against HF's decoder in float64 (autograd through the reference), the lab's decoder in
     fp32 errs as HF's own fp32 decoder does (within 1.1 × its rel-L2, and under 1e-4), on the
     hidden states and every parameter's gradient."""
     hf = _model()
-    lab_model, reference = copy.deepcopy(hf), copy.deepcopy(hf).double()
-    decoder = TrainingDecoder(lab_model)
+    lab_model = copy.deepcopy(hf)
     gen = torch.Generator().manual_seed(3)
     ids = torch.randint(0, config.TINY["vocab_size"], (3, 11), generator=gen)
-    weight = torch.randn(3, 11, config.TINY["hidden_size"], generator=gen)
-    want, want_grads = _hidden_and_grads(lambda i: reference.model(i).last_hidden_state,
-                                         reference, ids, weight.double())
-    hf_out, hf_grads = _hidden_and_grads(lambda i: hf.model(i).last_hidden_state, hf, ids,
-                                         weight)
-    got, grads = _hidden_and_grads(decoder, lab_model, ids, weight)
-    assert grads.keys() == want_grads.keys()
-    pairs = [("hidden", got, hf_out, want)] + [
-        (name, grads[name], hf_grads[name], want_grads[name]) for name in want_grads]
-    for name, lab, fp32, ref in pairs:
-        assert _rel(lab, ref) <= min(1e-4, 1.1 * _rel(fp32, ref) + 1e-7), name
+    weight = torch.randn(3, 11, config.TINY["hidden_size"], generator=gen, dtype=torch.float64)
+    for name, lab, fp32 in errors_against_float64(TrainingDecoder(lab_model), lab_model, hf,
+                                                  ids, weight):
+        assert lab <= min(1e-4, 1.1 * fp32 + 1e-7), name
 
 
 class _Traced(Exception):

@@ -10,6 +10,7 @@ import torch
 
 pytest.importorskip("transformers")
 
+from tests.decoder_grads import errors_against_float64  # noqa: E402
 from ws_lab import oracle  # noqa: E402
 from ws_lab.rollout import config  # noqa: E402
 from ws_lab.rollout.loop import generate  # noqa: E402
@@ -180,20 +181,8 @@ def test_the_training_decoder_errs_as_hfs_decoder_does_in_bf16(hf):
     every parameter's gradient (2 sequences of 128 tokens)."""
     from ws_lab.rollout.train_stack import TrainingDecoder
 
-    model, reference = deepcopy(hf).train(), deepcopy(hf).double().train()
-    decoder = TrainingDecoder(model)
+    model = deepcopy(hf).train()
     ids = torch.randint(0, hf.config.vocab_size, (2, 128), device="cuda")
     weight = torch.randn(2, 128, hf.config.hidden_size, device="cuda", dtype=torch.float64)
-
-    def hidden_and_grads(forward, module):
-        module.zero_grad(set_to_none=True)
-        out = forward(ids)
-        (out * weight.to(out.dtype)).sum().backward()
-        return [out.detach()] + [p.grad for p in module.parameters()]
-
-    want = hidden_and_grads(lambda i: reference.model(i).last_hidden_state, reference)
-    own = hidden_and_grads(lambda i: hf.model(i).last_hidden_state, hf)
-    got = hidden_and_grads(decoder, model)
-    hf.zero_grad(set_to_none=True)
-    for index, (lab, fp, ref) in enumerate(zip(got, own, want)):
-        assert oracle.rel_l2(lab, ref) <= 1.5 * oracle.rel_l2(fp, ref) + 1e-4, index
+    for name, lab, own in errors_against_float64(TrainingDecoder(model), model, hf, ids, weight):
+        assert lab <= 1.5 * own + 1e-4, name
