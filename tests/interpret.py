@@ -9,9 +9,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_interpreted(script: str, cases) -> list:
+def run_interpreted(script: str, cases=()) -> list:
     """``script`` run as ``python -c script <cases as JSON>`` with TRITON_INTERPRET=1 from the
-    checkout's root; what its last line of output prints as JSON."""
+    checkout's root (a script without cases ignores the argument); what its last line of
+    output prints as JSON."""
     env = dict(os.environ, TRITON_INTERPRET="1")
     done = subprocess.run([sys.executable, "-c", script, json.dumps(cases)], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=600)

@@ -2,10 +2,6 @@
 log-probs and both gradients (hidden and the lm_head's weight), over ragged vocabulary chunks,
 one chunk, targets at the vocabulary's ends, fp32 and fp16; and its input checks (no
 interpreter needed: they come before any launch)."""
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -80,7 +76,7 @@ def test_a_bad_chunk_is_refused():
 
 
 GRPO_SCRIPT = """
-import copy, torch
+import copy, json, torch
 from ws_lab.rollout import config, grpo
 from ws_lab.rollout.task import EOS
 hf = config.random_model(config.qwen2_config(config.TINY), torch.float32, "cpu")
@@ -98,7 +94,7 @@ for backend in ("torch", "lab"):
 (p_torch, r_torch), (p_lab, r_lab) = steps["torch"], steps["lab"]
 moved = max((a - b).abs().max().item() for a, b in zip(p_torch, hf.parameters()))
 worst = max(((a - b).abs().max() / a.abs().max()).item() for a, b in zip(p_torch, p_lab))
-print(moved, worst, r_torch.loss, r_lab.loss, r_torch.kl, r_lab.kl)
+print(json.dumps([moved, worst, r_torch.loss, r_lab.loss, r_torch.kl, r_lab.kl]))
 """
 
 
@@ -106,11 +102,7 @@ def test_the_grpo_update_on_the_chunked_log_probs_equals_the_torch_one():
     """grpo.update(logprobs="lab"): the old, reference and policy log-probs through the chunked
     kernel (interpreter, fp32, the tiny Qwen2), two inner SGD steps: the same parameters and
     report as the (B, C, V) logits path."""
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", GRPO_SCRIPT], capture_output=True, text=True,
-                          env=env, cwd=Path(__file__).parents[2], timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    moved, worst, loss_torch, loss_lab, kl_torch, kl_lab = map(float, done.stdout.split()[-6:])
+    moved, worst, loss_torch, loss_lab, kl_torch, kl_lab = run_interpreted(GRPO_SCRIPT)
     assert moved > 1e-3  # the steps moved the weights: the comparison can fail
     assert worst < 1e-4, worst
     assert loss_lab == pytest.approx(loss_torch, rel=1e-4, abs=1e-6)
