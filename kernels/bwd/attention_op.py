@@ -20,11 +20,20 @@ def _check(q, k, v, causal, softmax_scale):
                                      softmax_scale=softmax_scale, causal=causal, devices="any")
 
 
+def _require_backward_head_dims(q, v):
+    """The one thing the forward op asks beyond ``fwd.attention``'s own validation (which
+    runs before its launch): head dims the backward has. Not a second full validation: at
+    ≈ 23 µs a call it was a tenth of the op's host time (notes/rollout.md "Session 49")."""
+    if q.dim() == v.dim() == 4 and (q.shape[3], v.shape[3]) not in bwd.HEAD_DIMS:
+        raise ValueError(f"unsupported head dim (D={q.shape[3]}, Dv={v.shape[3]}) for the "
+                         f"trainable op; supported (D, Dv): {sorted(bwd.HEAD_DIMS)}")
+
+
 @torch.library.custom_op("ws_lab::attention", mutates_args=())
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
               softmax_scale: Optional[float],
               deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    _check(q, k, v, causal, softmax_scale)
+    _require_backward_head_dims(q, v)
     return fwd.attention(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True,
                          dynamic_batch=True)
 

@@ -12,8 +12,9 @@ Roles (TileLang's automatic warp specialization of the ``T.Pipelined`` loop, sm_
   2 consumer warpgroups, 64 K/V rows each               setmaxnreg 240
   1 producer warpgroup: TMA of the Q / dO tiles, lse, Δ  setmaxnreg 24
 Barriers: the pipeline's mbarriers (TileLang's own: a full / empty pair a stage and buffer);
-named barrier id 3 (TileLang's consumer syncs) and ``NamedBarrier.BWD_DQ_STAGE`` (the consumers,
-twice a step around dQ's staging tile, once after the loop).
+named barrier id 3 (TileLang's consumer syncs) and ``NamedBarrier.BWD_DQ_WG1`` (the consumers,
+twice a step around dQ's staging tile, once after the loop; with ``Config.dq_planes = 2``,
+``BWD_DQ_WG1`` / ``WG2``, a warpgroup's 128 threads each).
 
 The five GEMMs of a step, with the K/V tile as the M side (rows i: keys; columns j: queries):
   Sᵀ = K Qᵀ (SS)            Pᵀ = exp2(Sᵀ·scale·log2 e − lse_j·log2 e), 0 past S or the diagonal
@@ -83,6 +84,11 @@ class Config:
     # no R2UR before each wgmma, 670 -> 598 instructions a step of the main loop (train8b-4k,
     # lowered); off until measured on a GPU (notes/bwd.md, "Session 46, later").
     uniform_wg: bool = False
+    # dQ's staging: 1, one tile for the CTA under 256-thread barriers; 2, each consumer
+    # warpgroup stages the 64 columns of the dQ tile it computes and adds them into its own
+    # plane of the accumulator under its own 128-thread barriers (FA3's per-warpgroup
+    # dQaccum). 1 by default: 2 measured 0.94-0.97 x on every row (notes/bwd.md, "Session 49").
+    dq_planes: int = 1
 
 
 # 2 consumer warpgroups of 64 K/V rows each, 64 Q rows a step: Sᵀ, dPᵀ and dQ 32 registers a
@@ -108,7 +114,7 @@ def flash_bwd(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softmax_
     n_qtiles = (seq_len + bn - 1) // bn
     n_kvtiles = (seq_len + bm - 1) // bm
     live = _live(seq_len, causal)
-    stage_dq, drain_dq = dq_stager(bn, head_dim, cfg.threads)
+    stage_dq, drain_dq = dq_stager(bn, head_dim, cfg.threads, cfg.dq_planes)
     if prepost.DQ_ROW_ALIGN % bn:
         raise ValueError(f"block_q {bn} must divide the dQ accumulator's row alignment "
                          f"{prepost.DQ_ROW_ALIGN}")
@@ -143,7 +149,8 @@ def flash_bwd(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softmax_
             if with_dq:
                 stage_hold = T.alloc_local([1], dtype)
                 dq_frag = T.alloc_fragment([bn, head_dim], accum)
-                dq_s = T.alloc_shared([bn, head_dim + prepost.DQ_PAD], accum)  # dQ's staging
+                dq_s = T.alloc_shared([cfg.dq_planes, bn, head_dim // cfg.dq_planes + prepost.DQ_PAD],
+                                      accum)  # dQ's staging, a plane a warpgroup
 
             T.copy(K[bz, bx * bm:(bx + 1) * bm, kvh, :], k_s)
             T.copy(V[bz, bx * bm:(bx + 1) * bm, kvh, :], v_s)
@@ -185,7 +192,7 @@ def flash_bwd(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softmax_
                     # T.wgmma_gemm fences before the wait, not after (tests/upstream/
                     # test_wgmma_fences.py)
                     T.warpgroup_fence_operand(dq_frag, num_regs=bn * head_dim // cfg.threads)
-                    stage_dq(dq_frag, dq_s, dQ[bz, h, qt * bn, 0])
+                    stage_dq(dq_frag, dq_s, dQ, bz, h, qt * bn)
                     T.wait_wgmma(0)
                     T.warpgroup_fence_operand(dk, num_regs=bm * head_dim // cfg.threads)
                     # the pipeline frees a stage after its tiles' last access, and an issued
@@ -214,7 +221,8 @@ def flash_bwd(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softmax_
     if with_dq:
         @T.prim_func
         def main(Q: q_t(), K: kv_t(), V: kv_t(), dO: q_t(), LSE: row_t(), Delta: row_t(),
-                 dQ: T.Tensor(prepost.dq_accum_shape(batch, seq_len, heads, head_dim), accum),
+                 dQ: T.Tensor(prepost.dq_accum_shape(batch, seq_len, heads, head_dim,
+                                                     cfg.dq_planes), accum),
                  dK: kv_t(),
                  dV: kv_t()):
             body(Q, K, V, dO, LSE, Delta, dQ, dK, dV)
@@ -229,30 +237,41 @@ def flash_bwd(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softmax_
     return main_dkdv
 
 
-def dq_stager(block_q, head_dim, threads):
-    """dQ out of a step, FA3's way in place of one atomic per element: the tile goes to shared
-    memory and one thread adds it into the accumulator's contiguous (block_q, D + pad) run with
-    one bulk reduce-add, waiting for it to have read the tile only a step later, before the
-    next tile is staged (scalar atomics cost 24 % of the kernel: notes/bwd.md, "Session 36").
+def dq_stager(block_q, head_dim, threads, planes):
+    """dQ out of a step, FA3's way in place of one atomic per element: each group of
+    ``threads / planes`` consumer threads (a warpgroup at 2 planes) stages the dQ columns it
+    holds in its plane of shared memory, and one of its threads adds them into its plane's
+    contiguous (block_q, D / planes + pad) run of the accumulator with one bulk reduce-add,
+    waiting for it to have read the plane only a step later, before the next tile is staged
+    (scalar atomics cost 24 % of the kernel: notes/bwd.md, "Session 36"). A group's fragment
+    holds exactly its plane's columns: the dQ GEMM's M (block_q 64) fits one warpgroup, so
+    ``FullRow`` splits its N (D) over the warpgroups (tests/cpu/test_bwd_codegen.py).
     Returns (stage_dq, drain_dq): drain_dq is that wait, for every consumer thread."""
-    run_bytes = block_q * (head_dim + prepost.DQ_PAD) * 4
+    if planes not in (1, threads // 128) or block_q != 64:
+        raise ValueError(f"dQ's staging needs block_q 64 and 1 or {threads // 128} planes (one "
+                         f"a consumer warpgroup), got block_q {block_q}, {planes} planes")
+    group = threads // planes
+    width = head_dim // planes
+    run_bytes = block_q * (width + prepost.DQ_PAD) * 4
 
     @T.macro
     def drain_dq():
-        if T.get_thread_binding() == 0:
-            T.tma_store_wait(0)  # the last reduce-add has read dq_s
-        T.sync_threads(barrier_id=NamedBarrier.BWD_DQ_STAGE, arrive_count=threads)
+        tx = T.get_thread_binding()
+        if tx % group == 0:
+            T.tma_store_wait(0)  # the last reduce-add has read the group's plane
+        T.sync_threads(barrier_id=NamedBarrier.BWD_DQ_WG1 + tx // group, arrive_count=group)
 
     @T.macro
-    def stage_dq(dq_frag, dq_s, dq_run):
+    def stage_dq(dq_frag, dq_s, dq_accum, b, h, row):
         drain_dq()
         for j, d in T.Parallel(block_q, head_dim):
-            dq_s[j, d] = dq_frag[j, d]
+            dq_s[d // width, j, d % width] = dq_frag[j, d]
         T.fence_proxy_async()  # each thread's stores, before the bulk copy reads them
-        T.sync_threads(barrier_id=NamedBarrier.BWD_DQ_STAGE, arrive_count=threads)
-        if T.get_thread_binding() == 0:
-            T.call_extern("handle", "tl::tma_store_add", T.access_ptr(dq_s[0, 0], "r"),
-                          T.access_ptr(dq_run, "w"), run_bytes)
+        tx = T.get_thread_binding()
+        T.sync_threads(barrier_id=NamedBarrier.BWD_DQ_WG1 + tx // group, arrive_count=group)
+        if tx % group == 0:
+            T.call_extern("handle", "tl::tma_store_add", T.access_ptr(dq_s[tx // group, 0, 0], "r"),
+                          T.access_ptr(dq_accum[b, h, tx // group, row, 0], "w"), run_bytes)
             T.tma_store_arrive()
 
     return stage_dq, drain_dq
@@ -430,10 +449,11 @@ def attention_bwd(q, k, v, out, dout, lse, causal=False, softmax_scale=None, *, 
         compiled(*problem, config, with_dq=False)(q, k, v, dout, lse, delta, dk, dv)
         compiled_dq(*problem, dq_config)(q, k, v, dout, lse, delta, dq)
         return dq, dk, dv
+    planes = config.dq_planes
     dq_accum = torch.empty(prepost.dq_accum_shape(dims.batch, dims.seq_len, dims.heads,
-                                                  dims.head_dim),
+                                                  dims.head_dim, planes),
                            dtype=torch.float32, device=q.device)
-    prepost.compiled_preprocess(*rows)(out, dout, delta, dq_accum)
+    prepost.compiled_preprocess(*rows, planes=planes)(out, dout, delta, dq_accum)
     compiled(*problem, config)(q, k, v, dout, lse, delta, dq_accum, dk, dv)
-    prepost.compiled_postprocess(*rows)(dq_accum, dq)
+    prepost.compiled_postprocess(*rows, planes)(dq_accum, dq)
     return dq, dk, dv

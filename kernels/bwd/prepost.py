@@ -10,10 +10,12 @@ barriers beyond TileLang's own):
 - ``postprocess``: the accumulator cast to q's dtype, ``ROWS`` rows of one head a CTA, through a
   (ROWS, D) shared tile for a TMA store.
 
-The accumulator (``dq_accum_shape``) is (B, Hq, S rounded up to ``DQ_ROW_ALIGN``, D +
-``DQ_PAD``): a Q tile of one head is one contiguous run, added by one bulk reduce-add from the
-main kernel's staging tile, whose rows the pad keeps on distinct shared-memory banks. Rows past
-S and the pad columns only ever receive zeros' sums and are never read.
+The accumulator (``dq_accum_shape``) is (B, Hq, planes, S rounded up to ``DQ_ROW_ALIGN``,
+D / planes + ``DQ_PAD``): plane p holds columns p·D/planes … of dQ, the part one consumer
+warpgroup of the main kernel computes (FA3's per-warpgroup dQaccum), so that a Q tile of one
+head is one contiguous run a plane, added by one bulk reduce-add from that warpgroup's staging
+tile, whose rows the pad keeps on distinct shared-memory banks. Rows past S and the pad columns
+only ever receive zeros' sums and are never read.
 """
 import functools
 
@@ -28,17 +30,22 @@ DQ_PAD = 8  # fp32 columns after D: a staging row starts 8 banks after the one a
 DQ_ROW_ALIGN = 128  # the accumulator's rows: S rounded up to this (a multiple of every block_q)
 
 
-def dq_accum_shape(batch, seq_len, heads, head_dim):
+def dq_accum_shape(batch, seq_len, heads, head_dim, planes=1):
     """The fp32 dQ accumulator's shape (see the module docstring)."""
+    if planes < 1 or head_dim % (4 * planes):
+        raise ValueError(f"the dQ accumulator's {planes} planes must split head_dim {head_dim} "
+                         "into multiples of 4 columns")
     rows = -(-seq_len // DQ_ROW_ALIGN) * DQ_ROW_ALIGN
-    return batch, heads, rows, head_dim + DQ_PAD
+    return batch, heads, planes, rows, head_dim // planes + DQ_PAD
 
 
-def preprocess(batch, seq_len, heads, head_dim, dtype, clear_dq: bool = True):
+def preprocess(batch, seq_len, heads, head_dim, dtype, clear_dq: bool = True, planes: int = 1):
     """Δ from O and dO; with ``clear_dq`` (the main kernel's dQ path) also the zeroed
-    accumulator. ``batch`` may be ``DYNAMIC_BATCH``."""
+    accumulator of ``planes`` planes. ``batch`` may be ``DYNAMIC_BATCH``."""
     batch = batch_extent(batch)
     accum = "float"
+    accum_shape = dq_accum_shape(batch, seq_len, heads, head_dim, planes)
+    width = head_dim // planes
 
     @T.macro
     def body(O, dO, Delta, dQ):
@@ -54,8 +61,10 @@ def preprocess(batch, seq_len, heads, head_dim, dtype, clear_dq: bool = True):
             T.reduce_sum(prod, delta, dim=1)
             T.copy(delta, Delta[bz, h, bx * ROWS:(bx + 1) * ROWS])
             if clear_dq:
-                T.clear(prod)
-                T.copy(prod, dQ[bz, h, bx * ROWS:(bx + 1) * ROWS, 0:head_dim])
+                zeros = T.alloc_fragment([ROWS, width], accum)
+                T.clear(zeros)
+                for p in range(planes):
+                    T.copy(zeros, dQ[bz, h, p, bx * ROWS:(bx + 1) * ROWS, 0:width])
 
     def o_t():  # one per parameter: a shared T.Tensor object makes O and dO one buffer
         return T.Tensor([batch, seq_len, heads, head_dim], dtype)
@@ -64,7 +73,7 @@ def preprocess(batch, seq_len, heads, head_dim, dtype, clear_dq: bool = True):
     if clear_dq:
         @T.prim_func
         def main(O: o_t(), dO: o_t(), Delta: delta_t,
-                 dQ: T.Tensor(dq_accum_shape(batch, seq_len, heads, head_dim), accum)):
+                 dQ: T.Tensor(accum_shape, accum)):
             body(O, dO, Delta, dQ)
 
         return main
@@ -76,31 +85,34 @@ def preprocess(batch, seq_len, heads, head_dim, dtype, clear_dq: bool = True):
     return main_delta
 
 
-def postprocess(batch, seq_len, heads, head_dim, dtype):
-    """dQ in q's dtype from the fp32 accumulator. ``batch`` may be ``DYNAMIC_BATCH``."""
+def postprocess(batch, seq_len, heads, head_dim, dtype, planes: int = 1):
+    """dQ in q's dtype from the fp32 accumulator of ``planes`` planes. ``batch`` may be
+    ``DYNAMIC_BATCH``."""
     batch = batch_extent(batch)
     accum = "float"
+    width = head_dim // planes
 
     @T.prim_func
     def main(
-        dQaccum: T.Tensor(dq_accum_shape(batch, seq_len, heads, head_dim), accum),
+        dQaccum: T.Tensor(dq_accum_shape(batch, seq_len, heads, head_dim, planes), accum),
         dQ: T.Tensor([batch, seq_len, heads, head_dim], dtype),
     ):
         with T.Kernel(T.ceildiv(seq_len, ROWS), heads, batch, threads=THREADS) as (bx, h, bz):
-            acc = T.alloc_fragment([ROWS, head_dim], accum)
-            cast = T.alloc_fragment([ROWS, head_dim], dtype)
+            acc = T.alloc_fragment([ROWS, width], accum)
+            cast = T.alloc_fragment([ROWS, width], dtype)
             tile = T.alloc_shared([ROWS, head_dim], dtype)
-            T.copy(dQaccum[bz, h, bx * ROWS:(bx + 1) * ROWS, 0:head_dim], acc)
-            T.copy(acc, cast)
-            T.copy(cast, tile)
+            for p in range(planes):
+                T.copy(dQaccum[bz, h, p, bx * ROWS:(bx + 1) * ROWS, 0:width], acc)
+                T.copy(acc, cast)
+                T.copy(cast, tile[:, p * width:(p + 1) * width])
             T.copy(tile, dQ[bz, bx * ROWS:(bx + 1) * ROWS, h, :])
 
     return main
 
 
 @functools.lru_cache(maxsize=None)
-def compiled_preprocess(*args, clear_dq=True):
-    return compile_sm90a(preprocess(*args, clear_dq=clear_dq))
+def compiled_preprocess(*args, clear_dq=True, planes=1):
+    return compile_sm90a(preprocess(*args, clear_dq=clear_dq, planes=planes))
 
 
 @functools.lru_cache(maxsize=None)

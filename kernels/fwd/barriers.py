@@ -22,10 +22,12 @@ class NamedBarrier(IntEnum):
     EPILOGUE_WG1 = 3  # WG1's 128 threads have written their O tile to shared memory
     EPILOGUE_WG2 = 4
     ROW_SUM = 5  # largehdv: WG1's final row sums are in smem for WG2 (128 arrive + 128 sync)
-    # The backward's two consumer warpgroups (256 sync), twice a step: the last step's dQ
-    # reduce-add has read the staging tile; this step's dQ is in it (TileLang's own syncs in
-    # that automatically warp-specialized kernel take id 3)
-    BWD_DQ_STAGE = 6
+    # The backward's dQ staging, a consumer warpgroup's 128 threads (ids 10 and 11, one a
+    # warpgroup; at 1 plane both warpgroups' 256 on id 10), twice a step: the last step's dQ
+    # reduce-add has read its plane; this step's dQ is in it (TileLang's own syncs in that
+    # automatically warp-specialized kernel take id 3)
+    BWD_DQ_WG1 = 10
+    BWD_DQ_WG2 = 11
     # FP8 forward: a warpgroup's 128 threads wrote its 64 rows of P (ids 7 and 8, one a
     # warpgroup); both warpgroups (256) wrote O before its TMA store
     FP8_P_WG1 = 7

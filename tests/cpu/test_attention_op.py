@@ -44,3 +44,13 @@ def test_the_op_refuses_head_dims_the_backward_lacks(head_dim, message):
 
     with FakeTensorMode(), pytest.raises(ValueError, match=message):
         torch.ops.ws_lab.attention(*_qkv(head_dim), False, None)
+
+
+@pytest.mark.parametrize("head_dim", [96, 256])
+def test_the_real_op_refuses_head_dims_the_backward_lacks_before_anything_else(head_dim):
+    """The op itself (not its fake), on CPU tensors: a head dim the forward runs (256) or
+    nobody runs (96), but the backward lacks, is refused as such, ahead of the forward's own
+    validation (which would name the device first)."""
+    with pytest.raises(ValueError, match=r"unsupported head dim \(D=%d, Dv=%d\) for the "
+                                         r"trainable op" % (head_dim, head_dim)):
+        torch.ops.ws_lab.attention(*(t.detach() for t in _qkv(head_dim)), False, None)

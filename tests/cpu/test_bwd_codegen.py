@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ws_lab import emit, shapes
-from ws_lab.kernels.bwd import pipelined
+from ws_lab.kernels.bwd import pipelined, prepost
 from ws_lab.kernels.fwd.barriers import NamedBarrier
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
@@ -62,22 +62,25 @@ def test_deterministic_mode_compiles_to_wgmma_without_spills(tmp_path, head_dim,
 
 
 @needs_nvcc
-def test_pre_and_postprocess_compile_and_bound_a_ragged_sequence(tmp_path):
+@pytest.mark.parametrize("planes", [1, 2])
+def test_pre_and_postprocess_compile_and_bound_a_ragged_sequence(tmp_path, planes):
     """Δ and the cleared accumulator, and dQ's cast, lower and compile without spills at a
     ragged S (1000 = 15 tiles of 64 and 40 rows): each access of O, dO and Δ is guarded by
     the row bound (125 groups of 8 rows), the accumulator (rows up to 1024, the next multiple
-    of 128) needs none, and the cast leaves by TMA store (bounded by the tensor map)."""
-    from ws_lab.kernels.bwd import prepost
-
+    of 128; one plane or a warpgroup's each) needs none, and the cast leaves by TMA store
+    (bounded by the tensor map)."""
     shape = shapes.Shape("bwd-prepost", 2, 8, 2, 1000, 128, 128, False, "bfloat16")
     pre, pre_delta, post = (emit.lower_variant("bwd-pipelined", shape, f, None) for f in (
-        prepost.preprocess(2, 1000, 8, 128, "bfloat16"),
+        prepost.preprocess(2, 1000, 8, 128, "bfloat16", planes=planes),
         prepost.preprocess(2, 1000, 8, 128, "bfloat16", clear_dq=False),
-        prepost.postprocess(2, 1000, 8, 128, "bfloat16")))
+        prepost.postprocess(2, 1000, 8, 128, "bfloat16", planes)))
     assert "dQ" in pre.source and "dQ" not in pre_delta.source
     bounds = [e.source.count("< 125") for e in (pre, pre_delta, post)]
     assert bounds == [3, 3, 0], bounds
-    assert prepost.dq_accum_shape(2, 1000, 8, 128) == (2, 8, 1024, 128 + prepost.DQ_PAD)
+    assert prepost.dq_accum_shape(2, 1000, 8, 128, planes) == (2, 8, planes, 1024,
+                                                               128 // planes + prepost.DQ_PAD)
+    with pytest.raises(ValueError, match="planes must split head_dim 64"):
+        prepost.dq_accum_shape(2, 1000, 8, 64, 32)
     for name, emitted in (("pre", pre), ("post", post)):
         summary = emit.inspect(emitted, tmp_path / name)
         assert summary.spill_bytes == 0 and summary.stack_frame == 0, summary.format()
@@ -129,7 +132,6 @@ def test_every_backward_kernel_has_a_buffer_per_parameter():
     """The backward's kernels give each parameter its own buffer, and a kernel whose parameters
     share one T.Tensor annotation (TileLang binds them to one buffer: the all-NaN dQ of
     notes/bwd.md, "Session 35") is refused before lowering."""
-    from ws_lab.kernels.bwd import prepost
     from ws_lab.target import require_distinct_buffers
     from ws_lab.upstream import shared_annotation_aliases_params as pin
 
@@ -145,14 +147,18 @@ def test_every_backward_kernel_has_a_buffer_per_parameter():
 
 
 @needs_nvcc
-def test_dq_leaves_by_one_bulk_reduce_add_a_step(tmp_path):
-    """dQ goes out of a step as one bulk reduce-add (UBLKRED) of the staged tile from one
-    thread, not as atomics, staged while dK's GEMM runs: no REDG/ATOMG in the kernel, Pᵀ's
-    exp2 without the subnormal fix-up (fast math), and the staging tile's wait
-    (``cp.async.bulk.wait_group.read``) comes a step later, before the tile is rewritten, and
-    once after the loop. The kernel's named barriers are the ones its docstring lists."""
+@pytest.mark.parametrize("dq_planes", [1, 2])
+def test_dq_leaves_by_one_bulk_reduce_add_a_step(tmp_path, dq_planes):
+    """dQ goes out of a step as one bulk reduce-add (UBLKRED) of the staged tile (a plane) from
+    one thread (of each warpgroup), not as atomics, staged while dK's GEMM runs: no REDG/ATOMG
+    in the kernel, Pᵀ's exp2 without the subnormal fix-up (fast math), and the staging tile's
+    wait (``cp.async.bulk.wait_group.read``) comes a step later, before the tile is rewritten,
+    and once after the loop. The kernel's named barriers are the ones its docstring lists."""
+    import dataclasses
+
     shape = shapes.Shape("bwd-dq", 2, 8, 2, 1000, 128, 128, True, "bfloat16")
-    func = pipelined.flash_bwd(2, 1000, 8, 2, 128, True, "bfloat16", 128 ** -0.5)
+    cfg = dataclasses.replace(pipelined.DEFAULT, dq_planes=dq_planes)
+    func = pipelined.flash_bwd(2, 1000, 8, 2, 128, True, "bfloat16", 128 ** -0.5, cfg)
     emitted = emit.lower_variant("bwd-pipelined", shape, func, pipelined.PASS_CONFIGS)
     summary = emit.inspect(emitted, tmp_path)
     assert summary.spill_bytes == 0, summary.format()
@@ -171,13 +177,50 @@ def test_dq_leaves_by_one_bulk_reduce_add_a_step(tmp_path):
     reduce_at = source.index("tl::tma_store_add(")
     waits = [m.start() for m in re.finditer(r"tma_store_wait<0, true>", source)]
     assert len([w for w in waits if w < reduce_at]) >= 1  # the step's wait, before staging
-    # the named barriers: TileLang's consumer syncs (id 3) and BWD_DQ_STAGE, each over the
-    # 256 consumer threads; the dQ stage's twice in the step and once after the loop
+    # the named barriers: TileLang's consumer syncs (id 3, the 256 consumer threads) and the
+    # dQ staging's, twice in the step and once after the loop: at 1 plane BWD_DQ_WG1 over the
+    # 256; at 2 a warpgroup's 128 threads on BWD_DQ_WG1 / WG2 (consumer threads 128-383:
+    # threadIdx.x >> 7 is 1 or 2)
     named = re.findall(r"BAR\.SYNC\.DEFER_BLOCKING (0x[0-9a-f]+), (0x[0-9a-f]+)", sass_text)
-    ids = {int(i, 16): int(n, 16) for i, n in named}
-    assert ids == {3: 256, int(NamedBarrier.BWD_DQ_STAGE): 256}, named
-    stage_syncs = [i for i, _ in named if int(i, 16) == NamedBarrier.BWD_DQ_STAGE]
-    assert len(stage_syncs) == 3, named
+    stage_syncs = [i for i, _ in named if int(i, 16) == NamedBarrier.BWD_DQ_WG1]
+    if dq_planes == 1:
+        ids = {int(i, 16): int(n, 16) for i, n in named}
+        assert ids == {3: 256, int(NamedBarrier.BWD_DQ_WG1): 256} and len(stage_syncs) == 3, named
+        return
+    assert {int(i, 16): int(n, 16) for i, n in named} == {3: 256}, named
+    assert len(re.findall(r"BAR\.SYNC\.DEFER_BLOCKING R\d+, 0x80 ;", sass_text)) == 3
+    base = int(NamedBarrier.BWD_DQ_WG1) - 1
+    assert NamedBarrier.BWD_DQ_WG2 == NamedBarrier.BWD_DQ_WG1 + 1
+    wg_sync = f"__sync_thread_partial(((((int)threadIdx.x) >> 7) + {base}), 128)"
+    assert source.count(wg_sync) == 3, wg_sync
+
+
+@needs_nvcc
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_each_warpgroup_stages_only_its_own_dq_plane(head_dim):
+    """dQ's staging stores, evaluated for every consumer thread and register pair: a thread of
+    warpgroup w writes only plane w of the staging tile, the plane its own bulk reduce-add
+    reads, and the two warpgroups together write every column of every row once."""
+    import dataclasses
+
+    cfg = dataclasses.replace(pipelined.DEFAULT, dq_planes=2)
+    func = pipelined.flash_bwd(2, 1000, 8, 2, head_dim, True, "bfloat16", head_dim ** -0.5, cfg)
+    source = emit.lower_prim_func(func, pipelined.PASS_CONFIGS).kernel_source
+    store = re.search(r"for \(int (i_\d+) = 0; \1 < (\d+); \+\+\1\) \{\s*\*\(float2\*\)"
+                      r"\(\(\(float\*\)dq_s\) \+ (.*?)\) = \*\(float2\*\)\(dq_frag", source, re.S)
+    assert store, "no float2 staging store of dq_frag"
+    var, pairs, index = store.group(1), int(store.group(2)), store.group(3).replace("(int)", "")
+    width = head_dim // cfg.dq_planes + prepost.DQ_PAD
+    plane_size = cfg.block_q * width
+    written = []
+    for thread in range(128, 128 + cfg.threads):  # the consumers follow the producer's 128
+        for pair in range(pairs):
+            offset = eval(index, {"threadIdx": type("T", (), {"x": thread}), var: pair})
+            assert offset // plane_size == (thread - 128) // 128, (thread, pair, offset)
+            written += [offset, offset + 1]
+    rows = [(o // plane_size, o % plane_size // width, o % width) for o in written]
+    assert sorted(rows) == sorted((p, j, c) for p in range(cfg.dq_planes)
+                                  for j in range(cfg.block_q) for c in range(width - prepost.DQ_PAD))
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -210,7 +253,6 @@ def test_every_walk_visits_each_head_and_q_tile_once(heads_inner):
 
 def _op_kernels(batch):
     """The training op's kernels (kernels/bwd/attention_op.py) at ``batch``, S 1000, causal."""
-    from ws_lab.kernels.bwd import prepost
     from ws_lab.kernels.fwd import pipelined as fwd
 
     args = (batch, 1000, 8, 2, 64, True, "bfloat16", 0.125)
@@ -218,12 +260,12 @@ def _op_kernels(batch):
     return {
         "fwd": (fwd.flash_fwd(*args[:5], 64, *args[5:], fwd.config_for(64, 64, True),
                               with_lse=True), None),
-        "pre": (prepost.preprocess(*rows), None),
+        "pre": (prepost.preprocess(*rows, planes=pipelined.DEFAULT.dq_planes), None),
         "pre_delta": (prepost.preprocess(*rows, clear_dq=False), None),
         "main": (pipelined.flash_bwd(*args), pipelined.PASS_CONFIGS),
         "main_no_dq": (pipelined.flash_bwd(*args, with_dq=False), pipelined.PASS_CONFIGS),
         "dq": (pipelined.flash_bwd_dq(*args), pipelined.PASS_CONFIGS),
-        "post": (prepost.postprocess(*rows), None)}
+        "post": (prepost.postprocess(*rows, pipelined.DEFAULT.dq_planes), None)}
 
 
 @needs_nvcc
