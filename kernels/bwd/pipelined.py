@@ -149,8 +149,9 @@ def flash_bwd(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softmax_
             if with_dq:
                 stage_hold = T.alloc_local([1], dtype)
                 dq_frag = T.alloc_fragment([bn, head_dim], accum)
-                dq_s = T.alloc_shared([cfg.dq_planes, bn, head_dim // cfg.dq_planes + prepost.DQ_PAD],
-                                      accum)  # dQ's staging, a plane a warpgroup
+                # dQ's staging: one plane for the CTA, or one a warpgroup (Config.dq_planes)
+                dq_s = T.alloc_shared(
+                    [cfg.dq_planes, bn, head_dim // cfg.dq_planes + prepost.DQ_PAD], accum)
 
             T.copy(K[bz, bx * bm:(bx + 1) * bm, kvh, :], k_s)
             T.copy(V[bz, bx * bm:(bx + 1) * bm, kvh, :], v_s)
@@ -270,8 +271,9 @@ def dq_stager(block_q, head_dim, threads, planes):
         tx = T.get_thread_binding()
         T.sync_threads(barrier_id=NamedBarrier.BWD_DQ_WG1 + tx // group, arrive_count=group)
         if tx % group == 0:
-            T.call_extern("handle", "tl::tma_store_add", T.access_ptr(dq_s[tx // group, 0, 0], "r"),
-                          T.access_ptr(dq_accum[b, h, tx // group, row, 0], "w"), run_bytes)
+            plane = tx // group
+            T.call_extern("handle", "tl::tma_store_add", T.access_ptr(dq_s[plane, 0, 0], "r"),
+                          T.access_ptr(dq_accum[b, h, plane, row, 0], "w"), run_bytes)
             T.tma_store_arrive()
 
     return stage_dq, drain_dq

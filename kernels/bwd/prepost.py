@@ -11,11 +11,11 @@ barriers beyond TileLang's own):
   (ROWS, D) shared tile for a TMA store.
 
 The accumulator (``dq_accum_shape``) is (B, Hq, planes, S rounded up to ``DQ_ROW_ALIGN``,
-D / planes + ``DQ_PAD``): plane p holds columns p·D/planes … of dQ, the part one consumer
-warpgroup of the main kernel computes (FA3's per-warpgroup dQaccum), so that a Q tile of one
-head is one contiguous run a plane, added by one bulk reduce-add from that warpgroup's staging
-tile, whose rows the pad keeps on distinct shared-memory banks. Rows past S and the pad columns
-only ever receive zeros' sums and are never read.
+D / planes + ``DQ_PAD``): one plane by default; with ``pipelined.Config.dq_planes = 2`` plane
+p holds columns p·D/2 … of dQ, the part consumer warpgroup p of the main kernel computes
+(FA3's per-warpgroup dQaccum). A Q tile of one head is one contiguous run a plane, added by
+one bulk reduce-add from a staging tile whose rows the pad keeps on distinct shared-memory
+banks. Rows past S and the pad columns only ever receive zeros' sums and are never read.
 """
 import functools
 

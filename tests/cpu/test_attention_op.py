@@ -54,3 +54,48 @@ def test_the_real_op_refuses_head_dims_the_backward_lacks_before_anything_else(h
     with pytest.raises(ValueError, match=r"unsupported head dim \(D=%d, Dv=%d\) for the "
                                          r"trainable op" % (head_dim, head_dim)):
         torch.ops.ws_lab.attention(*(t.detach() for t in _qkv(head_dim)), False, None)
+
+
+@pytest.mark.parametrize("mode", ["eager", "aot_eager"])
+def test_the_ops_autograd_wiring_with_oracle_kernels(monkeypatch, mode):
+    """The op's autograd (the forward's saved tensors, dout, the causal flag and the scale
+    routed to the backward op; dq, dk, dv to q, k, v) with the two kernels replaced by the
+    float64 oracle on the CPU: eagerly and through AOT autograd (torch.compile's path, no
+    Inductor), the gradients equal the oracle's for this causal mask and scale, each op
+    called once."""
+    from ws_lab import oracle
+    from ws_lab.kernels.bwd import attention_op as op
+
+    calls = []
+
+    def fwd_stub(q, k, v, causal, softmax_scale, return_lse, dynamic_batch):
+        calls.append("fwd")
+        out, lse = oracle.attention_ref(q, k, v, causal=causal, softmax_scale=softmax_scale)
+        return out.to(q.dtype), lse.float()
+
+    def bwd_stub(q, k, v, out, dout, lse, causal, softmax_scale, deterministic, dynamic_batch):
+        calls.append("bwd")
+        with torch.enable_grad():  # the oracle's own autograd, inside a backward
+            grads = oracle.attention_bwd_ref(q, k, v, dout, causal=causal,
+                                             softmax_scale=softmax_scale)
+        return tuple(g.to(q.dtype) for g in grads)
+
+    monkeypatch.setattr(op.fwd, "attention", fwd_stub)
+    monkeypatch.setattr(op.bwd, "attention_bwd", bwd_stub)
+    q, k, v = _qkv()
+    dout = torch.randn(q.shape, dtype=q.dtype)
+
+    def step(q, k, v):
+        out, _ = torch.ops.ws_lab.attention(q, k, v, True, 0.2)
+        return torch.autograd.grad(out, (q, k, v), dout)
+
+    if mode == "eager":
+        got = step(q, k, v)
+    else:  # the training loop's shape: a compiled forward, then backward through its graph
+        out = torch.compile(lambda q, k, v: torch.ops.ws_lab.attention(q, k, v, True, 0.2)[0],
+                            backend="aot_eager", fullgraph=True)(q, k, v)
+        got = torch.autograd.grad(out, (q, k, v), dout)
+    want = oracle.attention_bwd_ref(q, k, v, dout, causal=True, softmax_scale=0.2)
+    for name, g, w in zip("qkv", got, want):
+        assert oracle.rel_l2(g, w) < 1e-2, name
+    assert calls == ["fwd", "bwd"]
