@@ -248,9 +248,9 @@ def dq_stager(block_q, head_dim, threads, planes):
     holds exactly its plane's columns: the dQ GEMM's M (block_q 64) fits one warpgroup, so
     ``FullRow`` splits its N (D) over the warpgroups (tests/cpu/test_bwd_codegen.py).
     Returns (stage_dq, drain_dq): drain_dq is that wait, for every consumer thread."""
-    if planes not in (1, threads // 128) or block_q != 64:
-        raise ValueError(f"dQ's staging needs block_q 64 and 1 or {threads // 128} planes (one "
-                         f"a consumer warpgroup), got block_q {block_q}, {planes} planes")
+    if planes not in (1, threads // 128) or (planes > 1 and block_q != 64):
+        raise ValueError(f"dQ's staging takes 1 plane, or {threads // 128} (one a consumer "
+                         f"warpgroup) at block_q 64; got {planes} planes at block_q {block_q}")
     group = threads // planes
     width = head_dim // planes
     run_bytes = block_q * (width + prepost.DQ_PAD) * 4
