@@ -28,7 +28,11 @@ Shared memory at D 128 and the default tiles (bm 128 K/V rows, bn 64 Q rows, 2 s
   columns put each row on other banks), lse and Δ 1 KB: 184320 B as lowered (the dK / dV store
   buffer reuses K's bytes).
 Grid (``kv_grid``): causal, every head's K/V tile 0 (the longest walk) launches first; full,
-  a head's K/V tiles launch together. Causal steps start at the first Q tile that sees the K/V
+  a head's K/V tiles launch together. Where those CTAs cannot fill the SMs evenly
+  (``heuristics.head_splits``: Qwen2.5-0.5B's 7-head groups), ``Config.head_splits`` gives each
+  K/V tile several CTAs, each walking a share of the group and adding its fp32 dK / dV into
+  accumulators by bulk reduce-add (a (128, D + 8) fp32 staging tile in the loop's freed
+  bytes), cast by ``prepost.postprocess``. Causal steps start at the first Q tile that sees the K/V
   tile; only the tiles that straddle the diagonal and the ragged last Q and K/V tiles are
   masked. Compiled with fast math (ex2.approx.ftz for Pᵀ). Correct on the H100 over the grid
   of tests/ws/test_bwd.py; 0.90–0.93 × TileOPs' backward on the full rows, 0.81–0.84 × on the
@@ -44,6 +48,7 @@ recomputed), dQ += dS K (RS), written once in q's dtype. Shared memory at D 128:
 reuses freed space). Bitwise repeatable over 20 runs on the H100 (tests/ws/test_bwd.py).
 """
 import contextlib
+import dataclasses
 import functools
 import math
 import operator
@@ -57,7 +62,7 @@ from ws_lab import postproc
 from ws_lab.check import (Support, head_dims_supported, require_device,
                           validate_attention_inputs)
 from ws_lab.kernels import DYNAMIC_BATCH, LOG2E, batch_extent
-from ws_lab.kernels.bwd import prepost
+from ws_lab.kernels.bwd import heuristics, prepost
 from ws_lab.kernels.fwd.barriers import NamedBarrier
 from ws_lab.target import compile_sm90a
 
@@ -89,6 +94,12 @@ class Config:
     # plane of the accumulator under its own 128-thread barriers (FA3's per-warpgroup
     # dQaccum). 1 by default: 2 measured 0.94-0.97 x on every row (notes/bwd.md, "Session 49").
     dq_planes: int = 1
+    # The query heads of a KV head's group split over this many CTAs a K/V tile (a divisor of
+    # the group): 1, dK and dV summed over the group in registers and stored in the input
+    # dtype; s > 1, each CTA walks group / s heads and adds its fp32 dK / dV into accumulators
+    # by bulk reduce-add, cast afterwards (TileOPs' one head a CTA, for grids too small or too
+    # uneven to fill the SMs; the rule is ``heuristics.head_splits``).
+    head_splits: int = 1
 
 
 # 2 consumer warpgroups of 64 K/V rows each, 64 Q rows a step: Sᵀ, dPᵀ and dQ 32 registers a
@@ -104,17 +115,23 @@ DQ_DEFAULT = Config(block_kv=64, block_q=128, threads=256, num_stages=2)
 def flash_bwd(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softmax_scale,
               cfg: Config = DEFAULT, with_dq: bool = True):
     """The main kernel: (Q, K, V, dO, LSE (B, Hq, S) natural log, Δ (B, Hq, S)) -> dQ_accum
-    (fp32, added to), dK, dV (dtype). Without ``with_dq`` (the deterministic mode) it has no dQ
-    parameter and computes dK and dV only: ``flash_bwd_dq`` makes dQ. ``batch`` may be
-    ``DYNAMIC_BATCH``."""
+    (fp32, added to), dK, dV (dtype; with ``cfg.head_splits`` > 1, fp32 accumulators shaped as
+    ``prepost.dq_accum_shape`` over the KV heads, added to). Without ``with_dq`` (the
+    deterministic mode) it has no dQ parameter and computes dK and dV only: ``flash_bwd_dq``
+    makes dQ. ``batch`` may be ``DYNAMIC_BATCH``."""
     batch = batch_extent(batch)
     bm, bn, group = cfg.block_kv, cfg.block_q, heads // kv_heads
+    splits = cfg.head_splits
+    if splits < 1 or group % splits:
+        raise ValueError(f"head_splits {splits} must divide the query group {group}")
+    walk_heads = group // splits  # query heads a CTA walks
     scale_log2 = softmax_scale * LOG2E
     accum = "float"
     n_qtiles = (seq_len + bn - 1) // bn
     n_kvtiles = (seq_len + bm - 1) // bm
     live = _live(seq_len, causal)
     stage_dq, drain_dq = dq_stager(bn, head_dim, cfg.threads, cfg.dq_planes)
+    stage_kv, drain_kv = dq_stager(bm, head_dim, cfg.threads, 1)
     if prepost.DQ_ROW_ALIGN % bn:
         raise ValueError(f"block_q {bn} must divide the dQ accumulator's row alignment "
                          f"{prepost.DQ_ROW_ALIGN}")
@@ -129,9 +146,12 @@ def flash_bwd(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softmax_
 
     @T.macro
     def body(Q, K, V, dO, LSE, Delta, dQ, dK, dV):
-        with T.Kernel(*kv_grid(n_kvtiles, kv_heads, batch, causal), threads=cfg.threads) as (
+        slots = kv_heads * splits  # (KV head, head split) pairs
+        with T.Kernel(*kv_grid(n_kvtiles, slots, batch, causal), threads=cfg.threads) as (
                 gx, gy):
-            bx, kvh, bz = kv_tile(gx, gy, n_kvtiles, kv_heads, causal)
+            bx, slot, bz = kv_tile(gx, gy, n_kvtiles, slots, causal)
+            kvh = slot // splits
+            first_head = kvh * group + slot % splits * walk_heads
             k_s = T.alloc_shared([bm, head_dim], dtype)
             v_s = T.alloc_shared([bm, head_dim], dtype)
             q_s = T.alloc_shared([bn, head_dim], dtype)
@@ -145,7 +165,10 @@ def flash_bwd(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softmax_
             dst = T.alloc_fragment([bm, bn], dtype)
             dk = T.alloc_fragment([bm, head_dim], accum)
             dv = T.alloc_fragment([bm, head_dim], accum)
-            dkv_s = T.alloc_shared([bm, head_dim], dtype)
+            if splits == 1:
+                dkv_s = T.alloc_shared([bm, head_dim], dtype)
+            else:  # dK's, then dV's staging for their reduce-adds
+                dkv_s = T.alloc_shared([1, bm, head_dim + prepost.DQ_PAD], accum)
             if with_dq:
                 stage_hold = T.alloc_local([1], dtype)
                 dq_frag = T.alloc_fragment([bn, head_dim], accum)
@@ -159,8 +182,9 @@ def flash_bwd(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softmax_
             T.clear(dv)
             first = (bx * bm) // bn if causal else 0  # Q tiles above it never see this K/V tile
             steps = n_qtiles - first
-            for it in T.Pipelined(group * steps, num_stages=cfg.num_stages):
-                h, qt = q_walk(it, steps, first, kvh, group, n_qtiles, cfg.heads_inner)
+            for it in T.Pipelined(walk_heads * steps, num_stages=cfg.num_stages):
+                h, qt = q_walk(it, steps, first, first_head, walk_heads, n_qtiles,
+                               cfg.heads_inner)
                 mask_step = masked(qt, bx)
                 T.copy(Q[bz, qt * bn:(qt + 1) * bn, h, :], q_s)
                 T.copy(dO[bz, qt * bn:(qt + 1) * bn, h, :], do_s)
@@ -203,10 +227,15 @@ def flash_bwd(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softmax_
                     _gemm(ds_s, q_s, dk)
             if with_dq:  # the last reduce-add has read dq_s before dkv_s may reuse its bytes
                 drain_dq()
-            T.copy(dk, dkv_s)
-            T.copy(dkv_s, dK[bz, bx * bm:(bx + 1) * bm, kvh, :])
-            T.copy(dv, dkv_s)
-            T.copy(dkv_s, dV[bz, bx * bm:(bx + 1) * bm, kvh, :])
+            if splits == 1:
+                T.copy(dk, dkv_s)
+                T.copy(dkv_s, dK[bz, bx * bm:(bx + 1) * bm, kvh, :])
+                T.copy(dv, dkv_s)
+                T.copy(dkv_s, dV[bz, bx * bm:(bx + 1) * bm, kvh, :])
+            else:
+                stage_kv(dk, dkv_s, dK, bz, kvh, bx * bm)
+                stage_kv(dv, dkv_s, dV, bz, kvh, bx * bm)
+                drain_kv()  # dV's reduce-add has read the tile before the CTA exits
 
     # A fresh annotation per parameter: parameters sharing one T.Tensor object become one
     # buffer (tests/upstream/test_shared_annotation.py)
@@ -216,6 +245,11 @@ def flash_bwd(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softmax_
     def kv_t():
         return T.Tensor([batch, seq_len, kv_heads, head_dim], dtype)
 
+    def dkv_t():
+        if splits == 1:
+            return kv_t()
+        return T.Tensor(prepost.dq_accum_shape(batch, seq_len, kv_heads, head_dim), accum)
+
     def row_t():
         return T.Tensor([batch, heads, seq_len], accum)
 
@@ -224,15 +258,15 @@ def flash_bwd(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softmax_
         def main(Q: q_t(), K: kv_t(), V: kv_t(), dO: q_t(), LSE: row_t(), Delta: row_t(),
                  dQ: T.Tensor(prepost.dq_accum_shape(batch, seq_len, heads, head_dim,
                                                      cfg.dq_planes), accum),
-                 dK: kv_t(),
-                 dV: kv_t()):
+                 dK: dkv_t(),
+                 dV: dkv_t()):
             body(Q, K, V, dO, LSE, Delta, dQ, dK, dV)
 
         return main
 
     @T.prim_func
     def main_dkdv(Q: q_t(), K: kv_t(), V: kv_t(), dO: q_t(), LSE: row_t(), Delta: row_t(),
-                  dK: kv_t(), dV: kv_t()):
+                  dK: dkv_t(), dV: dkv_t()):
         body(Q, K, V, dO, LSE, Delta, None, dK, dV)
 
     return main_dkdv
@@ -247,6 +281,8 @@ def dq_stager(block_q, head_dim, threads, planes):
     (scalar atomics cost 24 % of the kernel: notes/bwd.md, "Session 36"). A group's fragment
     holds exactly its plane's columns: the dQ GEMM's M (block_q 64) fits one warpgroup, so
     ``FullRow`` splits its N (D) over the warpgroups (tests/cpu/test_bwd_codegen.py).
+    With ``head_splits`` > 1 the main kernel stages dK and dV the same way, once a CTA, into
+    their fp32 accumulators (``block_q`` then being the K/V tile's rows).
     Returns (stage_dq, drain_dq): drain_dq is that wait, for every consumer thread."""
     if planes not in (1, threads // 128) or (planes > 1 and block_q != 64):
         raise ValueError(f"dQ's staging takes 1 plane, or {threads // 128} (one a consumer "
@@ -279,16 +315,18 @@ def dq_stager(block_q, head_dim, threads, planes):
     return stage_dq, drain_dq
 
 
-def q_walk(it, steps, first, kv_head, group, n_qtiles, heads_inner):
-    """(query head, Q tile) of a CTA's step ``it`` of ``group · steps``, over its group's heads
-    and Q tiles ``first`` … ``n_qtiles − 1`` (``Config.heads_inner`` says in which order)."""
+def q_walk(it, steps, first, first_head, heads, n_qtiles, heads_inner):
+    """(query head, Q tile) of a CTA's step ``it`` of ``heads · steps``, over query heads
+    ``first_head`` … ``first_head + heads − 1`` and Q tiles ``first`` … ``n_qtiles − 1``
+    (``Config.heads_inner`` says in which order)."""
     if heads_inner:
-        return kv_head * group + it % group, n_qtiles - 1 - it // group
-    return kv_head * group + it // steps, first + it % steps
+        return first_head + it % heads, n_qtiles - 1 - it // heads
+    return first_head + it // steps, first + it % steps
 
 
 def kv_grid(n_kvtiles, kv_heads, batch, causal):
-    """The main kernel's grid. Causal: (KV head, batch) on x, K/V tiles on y, so every head's
+    """The main kernel's grid; ``kv_heads`` counts (KV head, head split) slots where the group
+    is split (``Config.head_splits``). Causal: (KV head, batch) on x, K/V tiles on y, so every head's
     K/V tile 0 (the longest walk: every Q tile) launches before any tile 1 (FA3's heaviest
     first); with the tiles on x the last heads' long tiles waited for a second wave
     (notes/bwd.md, "Session 36"). Full: the K/V tiles on x, so a head's CTAs run together and
@@ -384,8 +422,18 @@ def supports(shape) -> Support:
     return head_dims_supported(shape.head_dim, shape.head_dim_v, HEAD_DIMS)
 
 
-def prim_func_for(shape, config: Config = DEFAULT):
-    """The main kernel's prim_func for a named shape (the CPU codegen checks lower it)."""
+def planned_config(batch, seq_len, heads, kv_heads, causal, sms) -> Config:
+    """``DEFAULT`` with the group split as ``heuristics.head_splits`` plans it on ``sms`` SMs."""
+    return dataclasses.replace(DEFAULT, head_splits=heuristics.head_splits(
+        batch, seq_len, kv_heads, heads // kv_heads, causal, DEFAULT.block_kv, DEFAULT.block_q,
+        sms))
+
+
+def prim_func_for(shape, config: Config | None = None):
+    """The main kernel's prim_func for a named shape (the CPU codegen checks and ``emit`` lower
+    it), by default as ``attention_bwd`` plans it on an H100."""
+    config = config or planned_config(shape.batch, shape.seq_len, shape.heads, shape.kv_heads,
+                                      shape.causal, heuristics.H100_SMS)
     return flash_bwd(shape.batch, shape.seq_len, shape.heads, shape.kv_heads, shape.head_dim,
                      shape.causal, shape.dtype, 1.0 / math.sqrt(shape.head_dim), config)
 
@@ -410,7 +458,7 @@ def compiled_dq(*args):
 
 
 def attention_bwd(q, k, v, out, dout, lse, causal=False, softmax_scale=None, *, dq=None,
-                  dk=None, dv=None, deterministic=False, config: Config = DEFAULT,
+                  dk=None, dv=None, deterministic=False, config: Config | None = None,
                   dq_config: Config = DQ_DEFAULT, dynamic_batch: bool = False):
     """(dq, dk, dv) of BSHD GQA attention, in q's dtype: q (B, S, Hq, D), k / v (B, S, Hkv, D),
     the forward's out and the upstream dout (B, S, Hq, D), lse (B, Hq, S) fp32 natural log.
@@ -419,7 +467,8 @@ def attention_bwd(q, k, v, out, dout, lse, causal=False, softmax_scale=None, *, 
     output buffers shaped as q / k / v (every element is written). ``deterministic``: dQ from
     ``flash_bwd_dq`` (a fixed order; bitwise repeatable) instead of the main kernel's
     reduce-adds, which land in no fixed order, at two recomputed GEMMs a step.
-    ``dynamic_batch``: one set of kernels for every batch (B a launch argument)."""
+    ``dynamic_batch``: one set of kernels for every batch (B a launch argument). ``config``:
+    the main kernel's; by default ``DEFAULT`` with ``heuristics.head_splits`` for this call."""
     dims = validate_attention_inputs(q, k, v, supported_head_dims=HEAD_DIMS,
                                      softmax_scale=softmax_scale, causal=causal, devices="any")
     q_like = f"{q.dtype} tensor of q's shape {tuple(q.shape)}"
@@ -436,7 +485,15 @@ def attention_bwd(q, k, v, out, dout, lse, causal=False, softmax_scale=None, *, 
     for name, buf in (("dq", dq), ("dk", dk), ("dv", dv)):  # written in place
         if buf is not None and not buf.is_contiguous():
             raise ValueError(f"{name} must be contiguous (the kernel writes it in place)")
+    if deterministic and config is not None and config.head_splits > 1:
+        raise ValueError("the deterministic mode takes head_splits 1: split heads add dK and "
+                         "dV in no fixed order")
     require_device(q.device, "cuda")
+    if deterministic:
+        config = config or DEFAULT
+    if config is None:  # a dynamic batch's kernels serve every batch: planned for batch 1
+        config = planned_config(1 if dynamic_batch else dims.batch, dims.seq_len, dims.heads,
+                                dims.kv_heads, causal, heuristics.sm_count(q.device))
     out, dout, lse = out.contiguous(), dout.contiguous(), lse.contiguous()
     dk = torch.empty_like(k) if dk is None else dk
     dv = torch.empty_like(v) if dv is None else dv
@@ -445,17 +502,25 @@ def attention_bwd(q, k, v, out, dout, lse, causal=False, softmax_scale=None, *, 
                dims.tl_dtype, dims.softmax_scale)
     dq = torch.empty_like(q) if dq is None else dq
     rows = (batch, dims.seq_len, dims.heads, dims.head_dim, dims.tl_dtype)
+    kv_rows = (batch, dims.seq_len, dims.kv_heads, dims.head_dim, dims.tl_dtype)
     delta = torch.empty(want, dtype=torch.float32, device=q.device)
+    # split heads add dK and dV into fp32 accumulators (one memset clears both)
+    kv_accum = (torch.zeros((2, *prepost.dq_accum_shape(*kv_rows[:4])), dtype=torch.float32,
+                            device=q.device) if config.head_splits > 1 else None)
+    dk_out, dv_out = (dk, dv) if kv_accum is None else kv_accum.unbind(0)
     if deterministic:
         prepost.compiled_preprocess(*rows, clear_dq=False)(out, dout, delta)
-        compiled(*problem, config, with_dq=False)(q, k, v, dout, lse, delta, dk, dv)
+        compiled(*problem, config, with_dq=False)(q, k, v, dout, lse, delta, dk_out, dv_out)
         compiled_dq(*problem, dq_config)(q, k, v, dout, lse, delta, dq)
-        return dq, dk, dv
-    planes = config.dq_planes
-    dq_accum = torch.empty(prepost.dq_accum_shape(dims.batch, dims.seq_len, dims.heads,
-                                                  dims.head_dim, planes),
-                           dtype=torch.float32, device=q.device)
-    prepost.compiled_preprocess(*rows, planes=planes)(out, dout, delta, dq_accum)
-    compiled(*problem, config)(q, k, v, dout, lse, delta, dq_accum, dk, dv)
-    prepost.compiled_postprocess(*rows, planes)(dq_accum, dq)
+    else:
+        planes = config.dq_planes
+        dq_accum = torch.empty(prepost.dq_accum_shape(dims.batch, dims.seq_len, dims.heads,
+                                                      dims.head_dim, planes),
+                               dtype=torch.float32, device=q.device)
+        prepost.compiled_preprocess(*rows, planes=planes)(out, dout, delta, dq_accum)
+        compiled(*problem, config)(q, k, v, dout, lse, delta, dq_accum, dk_out, dv_out)
+        prepost.compiled_postprocess(*rows, planes)(dq_accum, dq)
+    if kv_accum is not None:
+        prepost.compiled_postprocess(*kv_rows, 1)(dk_out, dk)
+        prepost.compiled_postprocess(*kv_rows, 1)(dv_out, dv)
     return dq, dk, dv

@@ -1,6 +1,7 @@
 """The pipelined backward (kernels/bwd/pipelined.py) lowers for sm_90a and compiles on a CPU
 as its docstring says: all five GEMMs on wgmma (Sᵀ, dPᵀ, dK and dQᵀ from shared memory, dV
 with Pᵀ from registers), the producer / consumer register split, no spill."""
+import dataclasses
 import itertools
 import re
 import shutil
@@ -21,8 +22,8 @@ def test_backward_compiles_to_five_wgmma_gemms_without_spills(tmp_path, head_dim
                                                               ragged):
     shape = shapes.Shape("bwd-codegen", 2, 8, 2, 1000 if ragged else 1024, head_dim, head_dim,
                          causal, "bfloat16")
-    emitted = emit.lower_variant("bwd-pipelined", shape, pipelined.prim_func_for(shape),
-                                 pipelined.PASS_CONFIGS)
+    func = pipelined.prim_func_for(shape, pipelined.DEFAULT)  # the whole group (no split)
+    emitted = emit.lower_variant("bwd-pipelined", shape, func, pipelined.PASS_CONFIGS)
     summary = emit.inspect(emitted, tmp_path)
     cfg = pipelined.DEFAULT
     k_steps_s = head_dim // 16  # Sᵀ and dPᵀ: K = D
@@ -242,13 +243,83 @@ def test_every_kv_tile_runs_once_and_causal_launches_the_longest_first(causal):
 def test_every_walk_visits_each_head_and_q_tile_once(heads_inner):
     """A CTA's walk covers its group's heads × its Q tiles once each; heads inner, the Q tiles
     run from the last down, the group's heads together on each."""
-    group, n_qtiles, first, kv_head = 4, 9, 3, 2
+    group, n_qtiles, first, first_head = 4, 9, 3, 8
     steps = n_qtiles - first
-    walk = [pipelined.q_walk(it, steps, first, kv_head, group, n_qtiles, heads_inner)
+    walk = [pipelined.q_walk(it, steps, first, first_head, group, n_qtiles, heads_inner)
             for it in range(group * steps)]
     assert sorted(walk) == sorted(itertools.product(range(8, 12), range(first, n_qtiles)))
     tiles = [qt for _, qt in walk]
     assert (tiles == sorted(tiles, reverse=True)) == heads_inner
+
+
+@pytest.mark.parametrize("splits", [1, 2, 4])
+def test_split_groups_walk_every_head_of_every_kv_head_once(splits):
+    """With ``Config.head_splits`` the grid's (KV head, split) slots and each slot's walk
+    (the kernel's own arithmetic: slot // splits, then its group / splits heads) cover every
+    (query head, K/V tile, batch) once, each query head under its own KV head."""
+    n_kvtiles, kv_heads, batch, group = 3, 2, 2, 4
+    slots, walk_heads = kv_heads * splits, group // splits
+    gx_n, gy_n = pipelined.kv_grid(n_kvtiles, slots, batch, True)
+    seen = []
+    for gy, gx in itertools.product(range(gy_n), range(gx_n)):
+        tile, slot, b = pipelined.kv_tile(gx, gy, n_kvtiles, slots, True)
+        kvh, first_head = slot // splits, slot // splits * group + slot % splits * walk_heads
+        for it in range(walk_heads):
+            h, _ = pipelined.q_walk(it, 1, 0, first_head, walk_heads, 1, False)
+            assert h // group == kvh
+            seen.append((h, tile, b))
+    assert sorted(seen) == sorted(itertools.product(range(kv_heads * group), range(n_kvtiles),
+                                                    range(batch)))
+
+
+def test_head_splits_fill_the_sms_only_where_the_group_whole_cannot():
+    """The rule splits Qwen2.5-0.5B's training shape (64 CTAs of 56 steps on 132 SMs) by its
+    whole group of 7, and leaves the LLaMA-8B rows whole; a split always divides the group."""
+    from ws_lab.kernels.bwd import heuristics
+
+    def splits(batch, seq_len, kv_heads, group, causal):
+        return heuristics.head_splits(batch, seq_len, kv_heads, group, causal, 128, 64, 132)
+
+    assert splits(8, 456, 2, 7, True) == 7
+    assert splits(1, 4096, 8, 4, True) == splits(2, 8192, 8, 4, False) == 1
+    # 64 CTAs of 64 steps, 4096 in all: 31 a SM; split in 2 the longest is still 32
+    assert splits(1, 1024, 8, 4, False) == 4
+    for batch, group in itertools.product((1, 3, 64), (1, 4, 6, 7, 8)):
+        assert group % splits(batch, 300, 2, group, True) == 0
+    longest, total = heuristics.main_kernel_steps(456, 7, True, 128, 64, 1)
+    assert (longest, total) == (7 * 8, 7 * (8 + 6 + 4 + 2))
+
+
+@needs_nvcc
+def test_split_heads_add_dk_and_dv_by_one_reduce_add_each(tmp_path):
+    """With head splits the main kernel adds dK then dV into their fp32 accumulators by one bulk reduce-add each (the whole
+    (block_kv, D + pad) tile: a contiguous run of the accumulator), and keeps every GEMM on
+    wgmma with no spill (the grid and walk: the test above)."""
+    shape = shapes.Shape("bwd-split", 3, 14, 2, 456, 64, 64, True, "bfloat16")
+    cfg = dataclasses.replace(pipelined.DEFAULT, head_splits=7)
+    func = pipelined.flash_bwd(3, 456, 14, 2, 64, True, "bfloat16", 0.125, cfg)
+    emitted = emit.lower_variant("bwd-pipelined", shape, func, pipelined.PASS_CONFIGS)
+    src = emitted.postprocessed
+    run = cfg.block_kv * (64 + prepost.DQ_PAD) * 4
+    for name in ("dK", "dV"):
+        adds = re.findall(r"tma_store_add\(\(&\(\(\(float\*\)dkv_s\)\[0\]\)\), "
+                          rf"\(&\({name}\[.*?\]\)\), (\d+)\)", src)
+        assert adds == [str(run)], (name, adds)
+        assert len(re.findall(rf"\b{name}\[", src)) == 1, name  # nothing else writes it
+    summary = emit.inspect(emitted, tmp_path)
+    assert summary.spill_bytes == 0 and summary.stack_frame == 0, summary.format()
+    assert sum(summary.hgmma.values()) == 24, summary.hgmma  # the 5 GEMMs at D 64, as unsplit
+
+
+def test_split_heads_are_refused_in_the_deterministic_mode():
+    """Split heads add dK and dV in no fixed order: the deterministic mode refuses them before
+    any launch."""
+    q = torch.zeros(1, 8, 4, 64, dtype=torch.bfloat16)
+    k = v = torch.zeros(1, 8, 2, 64, dtype=torch.bfloat16)
+    lse = torch.zeros(1, 4, 8)
+    with pytest.raises(ValueError, match="deterministic"):
+        pipelined.attention_bwd(q, k, v, q, q, lse, True, deterministic=True,
+                                config=dataclasses.replace(pipelined.DEFAULT, head_splits=2))
 
 
 def _op_kernels(batch):
@@ -263,6 +334,11 @@ def _op_kernels(batch):
         "pre": (prepost.preprocess(*rows, planes=pipelined.DEFAULT.dq_planes), None),
         "pre_delta": (prepost.preprocess(*rows, clear_dq=False), None),
         "main": (pipelined.flash_bwd(*args), pipelined.PASS_CONFIGS),
+        # the op's planned config at this shape: the group split in 4 (heuristics.head_splits)
+        "main_split": (pipelined.flash_bwd(*args, dataclasses.replace(pipelined.DEFAULT,
+                                                                      head_splits=4)),
+                       pipelined.PASS_CONFIGS),
+        "post_kv": (prepost.postprocess(batch, 1000, 2, 64, "bfloat16", 1), None),
         "main_no_dq": (pipelined.flash_bwd(*args, with_dq=False), pipelined.PASS_CONFIGS),
         "dq": (pipelined.flash_bwd_dq(*args), pipelined.PASS_CONFIGS),
         "post": (prepost.postprocess(*rows, pipelined.DEFAULT.dq_planes), None)}
@@ -270,7 +346,7 @@ def _op_kernels(batch):
 
 @needs_nvcc
 def test_the_training_ops_kernels_take_the_batch_at_launch(tmp_path):
-    """With ``DYNAMIC_BATCH`` each of the op's seven kernels has an ``int batch`` parameter and
+    """With ``DYNAMIC_BATCH`` each of the op's kernels has an ``int batch`` parameter and
     otherwise the static kernel's lines, but for 64-bit indices where B multiplies a stride (no
     new bound, loop or barrier); the main backward compiles to the static one's GEMMs and
     registers, without spills."""
