@@ -2,17 +2,6 @@
 line why, with the ``notes/`` anchor of its measurement. What a kernel can run at all stays
 with the kernel (``pipelined.supports``, ``Config``'s own checks).
 """
-import functools
-
-H100_SMS = 132  # the H100 SXM's SMs: plans made without a device (``emit``) assume it
-
-
-@functools.lru_cache(maxsize=None)
-def sm_count(device) -> int:
-    import torch
-
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
 
 def main_kernel_steps(seq_len, group, causal, block_kv, block_q, head_splits):
     """(the longest CTA's steps, every CTA's steps) of ``pipelined.flash_bwd`` for one
@@ -29,7 +18,8 @@ def head_splits(batch, seq_len, kv_heads, group, causal, block_kv, block_q, sms)
     """The fewest splits of the query group (a divisor of it) for which no CTA walks longer
     than the SMs' mean share of all steps, else the most: with the group whole, Qwen2.5-0.5B's
     training shape (B 8, S 456, 14 / 2 heads) launched 64 CTAs of up to 56 steps on 132 SMs
-    and ran at 0.66 × TileOPs' one-head-a-CTA kernel (notes/bwd.md, "Session 50")."""
+    and ran at 0.66 × TileOPs' one-head-a-CTA kernel (notes/bwd.md, "Session 50"). Asked for
+    through ``pipelined.planned_config``; not yet the default (no GPU run of the split)."""
     divisors = [s for s in range(1, group + 1) if group % s == 0]
     for s in divisors:
         longest, total = main_kernel_steps(seq_len, group, causal, block_kv, block_q, s)

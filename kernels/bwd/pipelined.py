@@ -29,7 +29,8 @@ Shared memory at D 128 and the default tiles (bm 128 K/V rows, bn 64 Q rows, 2 s
   buffer reuses K's bytes).
 Grid (``kv_grid``): causal, every head's K/V tile 0 (the longest walk) launches first; full,
   a head's K/V tiles launch together. Where those CTAs cannot fill the SMs evenly
-  (``heuristics.head_splits``: Qwen2.5-0.5B's 7-head groups), ``Config.head_splits`` gives each
+  (``heuristics.head_splits``: Qwen2.5-0.5B's 7-head groups; ``planned_config``, not yet the
+  default: unmeasured on a GPU), ``Config.head_splits`` gives each
   K/V tile several CTAs, each walking a share of the group and adding its fp32 dK / dV into
   accumulators by bulk reduce-add (a (128, D + 8) fp32 staging tile in the loop's freed
   bytes), cast by ``prepost.postprocess``. Causal steps start at the first Q tile that sees the K/V
@@ -423,17 +424,16 @@ def supports(shape) -> Support:
 
 
 def planned_config(batch, seq_len, heads, kv_heads, causal, sms) -> Config:
-    """``DEFAULT`` with the group split as ``heuristics.head_splits`` plans it on ``sms`` SMs."""
+    """``DEFAULT`` with the group split as ``heuristics.head_splits`` plans it on ``sms`` SMs
+    (for a dynamic batch's kernels, which serve every batch, plan for batch 1)."""
     return dataclasses.replace(DEFAULT, head_splits=heuristics.head_splits(
         batch, seq_len, kv_heads, heads // kv_heads, causal, DEFAULT.block_kv, DEFAULT.block_q,
         sms))
 
 
-def prim_func_for(shape, config: Config | None = None):
+def prim_func_for(shape, config: Config = DEFAULT):
     """The main kernel's prim_func for a named shape (the CPU codegen checks and ``emit`` lower
-    it), by default as ``attention_bwd`` plans it on an H100."""
-    config = config or planned_config(shape.batch, shape.seq_len, shape.heads, shape.kv_heads,
-                                      shape.causal, heuristics.H100_SMS)
+    it)."""
     return flash_bwd(shape.batch, shape.seq_len, shape.heads, shape.kv_heads, shape.head_dim,
                      shape.causal, shape.dtype, 1.0 / math.sqrt(shape.head_dim), config)
 
@@ -458,7 +458,7 @@ def compiled_dq(*args):
 
 
 def attention_bwd(q, k, v, out, dout, lse, causal=False, softmax_scale=None, *, dq=None,
-                  dk=None, dv=None, deterministic=False, config: Config | None = None,
+                  dk=None, dv=None, deterministic=False, config: Config = DEFAULT,
                   dq_config: Config = DQ_DEFAULT, dynamic_batch: bool = False):
     """(dq, dk, dv) of BSHD GQA attention, in q's dtype: q (B, S, Hq, D), k / v (B, S, Hkv, D),
     the forward's out and the upstream dout (B, S, Hq, D), lse (B, Hq, S) fp32 natural log.
@@ -468,7 +468,8 @@ def attention_bwd(q, k, v, out, dout, lse, causal=False, softmax_scale=None, *, 
     ``flash_bwd_dq`` (a fixed order; bitwise repeatable) instead of the main kernel's
     reduce-adds, which land in no fixed order, at two recomputed GEMMs a step.
     ``dynamic_batch``: one set of kernels for every batch (B a launch argument). ``config``:
-    the main kernel's; by default ``DEFAULT`` with ``heuristics.head_splits`` for this call."""
+    the main kernel's (``planned_config`` gives the group split ``heuristics.head_splits``
+    plans; not the default until measured on a GPU: notes/bwd.md, "Session 50")."""
     dims = validate_attention_inputs(q, k, v, supported_head_dims=HEAD_DIMS,
                                      softmax_scale=softmax_scale, causal=causal, devices="any")
     q_like = f"{q.dtype} tensor of q's shape {tuple(q.shape)}"
@@ -485,15 +486,10 @@ def attention_bwd(q, k, v, out, dout, lse, causal=False, softmax_scale=None, *, 
     for name, buf in (("dq", dq), ("dk", dk), ("dv", dv)):  # written in place
         if buf is not None and not buf.is_contiguous():
             raise ValueError(f"{name} must be contiguous (the kernel writes it in place)")
-    if deterministic and config is not None and config.head_splits > 1:
+    if deterministic and config.head_splits > 1:
         raise ValueError("the deterministic mode takes head_splits 1: split heads add dK and "
                          "dV in no fixed order")
     require_device(q.device, "cuda")
-    if deterministic:
-        config = config or DEFAULT
-    if config is None:  # a dynamic batch's kernels serve every batch: planned for batch 1
-        config = planned_config(1 if dynamic_batch else dims.batch, dims.seq_len, dims.heads,
-                                dims.kv_heads, causal, heuristics.sm_count(q.device))
     out, dout, lse = out.contiguous(), dout.contiguous(), lse.contiguous()
     dk = torch.empty_like(k) if dk is None else dk
     dv = torch.empty_like(v) if dv is None else dv

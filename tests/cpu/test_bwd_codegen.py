@@ -334,7 +334,7 @@ def _op_kernels(batch):
         "pre": (prepost.preprocess(*rows, planes=pipelined.DEFAULT.dq_planes), None),
         "pre_delta": (prepost.preprocess(*rows, clear_dq=False), None),
         "main": (pipelined.flash_bwd(*args), pipelined.PASS_CONFIGS),
-        # the op's planned config at this shape: the group split in 4 (heuristics.head_splits)
+        # planned_config at this shape and batch 1: the group split in 4
         "main_split": (pipelined.flash_bwd(*args, dataclasses.replace(pipelined.DEFAULT,
                                                                       head_splits=4)),
                        pipelined.PASS_CONFIGS),

@@ -65,13 +65,16 @@ def test_backward_matches_the_oracle(head_dim, causal, dtype, group, seq_len):
 
 
 @pytest.mark.parametrize("head_dim,causal,dtype,group,seq_len", CASES)
-def test_the_whole_group_walk_matches_the_oracle(head_dim, causal, dtype, group, seq_len):
-    """``DEFAULT`` (head_splits 1: dK and dV summed over the group in registers, stored in the
-    input dtype), where the planned config of the grid above mostly splits the group (its
-    grids are small): the same bound."""
+def test_the_planned_config_matches_the_oracle(head_dim, causal, dtype, group, seq_len):
+    """``planned_config`` (the group split as ``heuristics.head_splits`` plans it for the
+    GPU's SMs; the grid's small problems mostly split it): the same bound."""
+    import torch
+
     inputs, want = problem(head_dim, causal, dtype, group, seq_len)
-    got = pipelined.attention_bwd(*inputs, causal, config=pipelined.DEFAULT,
-                                  **poisoned_grads(*inputs[:3]))
+    q, k = inputs[:2]
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    config = pipelined.planned_config(q.shape[0], seq_len, q.shape[2], k.shape[2], causal, sms)
+    got = pipelined.attention_bwd(*inputs, causal, config=config, **poisoned_grads(*inputs[:3]))
     for name, g, w in zip(("dq", "dk", "dv"), got, want):
         assert grad_error(g, w) < TOLERANCE[dtype], name
 
@@ -336,7 +339,8 @@ for d, causal, s in ((64, True, 127), (128, False, 200)):
     dout = torch.randn_like(q)
     out, lse = oracle.attention_ref(q, k, v, causal=causal)
     want = oracle.attention_bwd_ref(q, k, v, dout, causal=causal)
-    for config in (None, pipelined.DEFAULT):  # planned (the group split here), then whole
+    planned = pipelined.planned_config(1, s, 8, 2, causal, 132)  # the group split in 4 here
+    for config in (planned, pipelined.DEFAULT):
         grads = pipelined.attention_bwd(q, k, v, out.to(q.dtype), dout, lse.float(), causal,
                                         config=config)
         assert all(oracle.rel_l2(g, w) < 2e-2 for g, w in zip(grads, want))
