@@ -3,6 +3,7 @@ line why, with the ``notes/`` anchor of its measurement. What a kernel can run a
 with the kernel (``pipelined.supports``, ``Config``'s own checks).
 """
 
+
 def main_kernel_steps(seq_len, group, causal, block_kv, block_q, head_splits):
     """(the longest CTA's steps, every CTA's steps) of ``pipelined.flash_bwd`` for one
     (batch, KV head): a CTA walks its group / head_splits query heads over the Q tiles that see

@@ -30,15 +30,15 @@ Shared memory at D 128 and the default tiles (bm 128 K/V rows, bn 64 Q rows, 2 s
 Grid (``kv_grid``): causal, every head's K/V tile 0 (the longest walk) launches first; full,
   a head's K/V tiles launch together. Where those CTAs cannot fill the SMs evenly
   (``heuristics.head_splits``: Qwen2.5-0.5B's 7-head groups; ``planned_config``, not yet the
-  default: unmeasured on a GPU), ``Config.head_splits`` gives each
-  K/V tile several CTAs, each walking a share of the group and adding its fp32 dK / dV into
-  accumulators by bulk reduce-add (a (128, D + 8) fp32 staging tile in the loop's freed
-  bytes), cast by ``prepost.postprocess``. Causal steps start at the first Q tile that sees the K/V
-  tile; only the tiles that straddle the diagonal and the ragged last Q and K/V tiles are
-  masked. Compiled with fast math (ex2.approx.ftz for Pᵀ). Correct on the H100 over the grid
-  of tests/ws/test_bwd.py; 0.90–0.93 × TileOPs' backward on the full rows, 0.81–0.84 × on the
-  causal ones, level with or ahead of cuDNN on three of five rows and ahead of every peer on
-  the Qwen row (notes/bwd.md, "Session 37").
+  default: unmeasured on a GPU), ``Config.head_splits`` gives each K/V tile several CTAs,
+  each walking a share of the group and adding its fp32 dK / dV into accumulators by bulk
+  reduce-add (a (128, D + 8) fp32 staging tile in the loop's freed bytes), cast by
+  ``prepost.postprocess``. Causal steps start at the first Q tile that sees the K/V tile;
+  only the tiles that straddle the diagonal and the ragged last Q and K/V tiles are masked.
+  Compiled with fast math (ex2.approx.ftz for Pᵀ). Correct on the H100 over the grid of
+  tests/ws/test_bwd.py; 0.92–0.94 × TileOPs' backward on the full rows, 0.83–0.86 × on the
+  causal ones and 0.66 × on the Qwen row, level with cuDNN on the 8B rows (notes/bwd.md,
+  "Session 50").
 
 Deterministic mode (``attention_bwd(..., deterministic=True)``): the main kernel without dQ
 (``with_dq=False``: four GEMMs), then ``flash_bwd_dq``, FA2's separate dQ pass in place of FA3's
@@ -326,9 +326,9 @@ def q_walk(it, steps, first, first_head, heads, n_qtiles, heads_inner):
 
 
 def kv_grid(n_kvtiles, kv_heads, batch, causal):
-    """The main kernel's grid; ``kv_heads`` counts (KV head, head split) slots where the group
-    is split (``Config.head_splits``). Causal: (KV head, batch) on x, K/V tiles on y, so every head's
-    K/V tile 0 (the longest walk: every Q tile) launches before any tile 1 (FA3's heaviest
+    """The main kernel's grid (``kv_heads`` counts (KV head, head split) slots where the group
+    is split: ``Config.head_splits``). Causal: (KV head, batch) on x, K/V tiles on y, so every
+    head's K/V tile 0 (the longest walk: every Q tile) launches before any tile 1 (FA3's heaviest
     first); with the tiles on x the last heads' long tiles waited for a second wave
     (notes/bwd.md, "Session 36"). Full: the K/V tiles on x, so a head's CTAs run together and
     share its Q and dO tiles in L2."""

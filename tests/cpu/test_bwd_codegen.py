@@ -292,9 +292,10 @@ def test_head_splits_fill_the_sms_only_where_the_group_whole_cannot():
 
 @needs_nvcc
 def test_split_heads_add_dk_and_dv_by_one_reduce_add_each(tmp_path):
-    """With head splits the main kernel adds dK then dV into their fp32 accumulators by one bulk reduce-add each (the whole
-    (block_kv, D + pad) tile: a contiguous run of the accumulator), and keeps every GEMM on
-    wgmma with no spill (the grid and walk: the test above)."""
+    """With head splits the main kernel adds dK then dV into their fp32 accumulators by one
+    bulk reduce-add each (the whole (block_kv, D + pad) tile: a contiguous run of the
+    accumulator), and keeps every GEMM on wgmma with no spill (the grid and walk: the test
+    above)."""
     shape = shapes.Shape("bwd-split", 3, 14, 2, 456, 64, 64, True, "bfloat16")
     cfg = dataclasses.replace(pipelined.DEFAULT, head_splits=7)
     func = pipelined.flash_bwd(3, 456, 14, 2, 64, True, "bfloat16", 0.125, cfg)
