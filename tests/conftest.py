@@ -1,17 +1,12 @@
 """Two GPU markers: ``gpu`` needs a CUDA GPU of compute capability 8.0 or newer (the Triton
 kernels: the seeds' L4 runs them), ``hopper`` needs sm_90 (the TileLang kernels: wgmma, TMA,
 setmaxnreg). Without one the marked tests skip with the reason."""
-import os
-import sys
-
 import pytest
 
-# First on sys.path (``python -m pytest`` puts the working directory there), the checkout's
-# kernels/ folder would shadow Hugging Face's `kernels`, which transformers 5.25 requires and
-# imports with its models. The root stays on the path, last (pytest's append import mode,
-# pyproject.toml); the lab itself imports kernels/ as ws_lab.kernels.
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _ROOT] + [_ROOT]
+# Importing ws_lab moves the checkout's root to the end of sys.path, before any test module
+# imports transformers (ws_lab/__init__.py says why); pytest's append import mode
+# (pyproject.toml) keeps it there.
+import ws_lab  # noqa: F401
 
 
 def _capability():

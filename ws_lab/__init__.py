@@ -6,6 +6,7 @@ package in the checkout and install as ``ws_lab.kernels`` and ``ws_lab.postproc`
 the same names resolve through the checkout root added to this package's search path.
 """
 import os as _os
+import sys as _sys
 
 __version__ = "0.1.0"
 
@@ -17,3 +18,7 @@ _os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 _ROOT = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
 if _os.path.isfile(_os.path.join(_ROOT, "kernels", "__init__.py")):
     __path__.append(_ROOT)  # noqa: F821  (a package's own __path__)
+    # Ahead of site-packages on sys.path (``python -m`` from the checkout, the bench scripts,
+    # pytest), the checkout's kernels/ shadows Hugging Face's `kernels`, which transformers 5.25
+    # requires and imports with its models: the root moves to the end (this package is bound).
+    _sys.path[:] = [p for p in _sys.path if _os.path.abspath(p or _os.curdir) != _ROOT] + [_ROOT]
