@@ -326,3 +326,19 @@ def test_a_closed_pipe_is_no_traceback():
     done = subprocess.run(f"{sys.executable} -m ws_lab.repro | head -c 1", shell=True, cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr
+
+
+def test_the_checkouts_kernels_folder_shadows_no_installed_kernels_package():
+    """Run from the checkout (its root first on sys.path, as ``python -m`` and the bench scripts
+    put it), importing ws_lab leaves ``import kernels`` to Hugging Face's package where it is
+    installed (transformers 5.25 requires it and imports it with its models)."""
+    import importlib.metadata
+
+    try:
+        importlib.metadata.version("kernels")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("Hugging Face's kernels is not installed here")
+    done = _run("-c", "import importlib.util, ws_lab; "
+                      "print(importlib.util.find_spec('kernels').origin)")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert Path(done.stdout.strip()).parent != ROOT / "kernels", done.stdout
