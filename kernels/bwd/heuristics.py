@@ -11,8 +11,7 @@ def main_kernel_steps(seq_len, group, causal, block_kv, block_q, head_splits):
     n_qtiles = -(-seq_len // block_q)
     walk = [n_qtiles - (bx * block_kv // block_q if causal else 0)
             for bx in range(-(-seq_len // block_kv))]
-    heads = group // head_splits
-    return heads * max(walk), heads * sum(walk) * head_splits
+    return group // head_splits * max(walk), group * sum(walk)
 
 
 def head_splits(batch, seq_len, kv_heads, group, causal, block_kv, block_q, sms) -> int:

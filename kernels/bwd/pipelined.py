@@ -151,8 +151,7 @@ def flash_bwd(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softmax_
         with T.Kernel(*kv_grid(n_kvtiles, slots, batch, causal), threads=cfg.threads) as (
                 gx, gy):
             bx, slot, bz = kv_tile(gx, gy, n_kvtiles, slots, causal)
-            kvh = slot // splits
-            first_head = kvh * group + slot % splits * walk_heads
+            kvh, first_head = slot_heads(slot, splits, group)
             k_s = T.alloc_shared([bm, head_dim], dtype)
             v_s = T.alloc_shared([bm, head_dim], dtype)
             q_s = T.alloc_shared([bn, head_dim], dtype)
@@ -323,6 +322,13 @@ def q_walk(it, steps, first, first_head, heads, n_qtiles, heads_inner):
     if heads_inner:
         return first_head + it % heads, n_qtiles - 1 - it // heads
     return first_head + it // steps, first + it % steps
+
+
+def slot_heads(slot, splits, group):
+    """(KV head, first query head of its walk) of a grid slot when each KV head's group of
+    ``group`` query heads is split over ``splits`` CTAs (``Config.head_splits``)."""
+    kv_head = slot // splits
+    return kv_head, kv_head * group + slot % splits * (group // splits)
 
 
 def kv_grid(n_kvtiles, kv_heads, batch, causal):
@@ -498,24 +504,24 @@ def attention_bwd(q, k, v, out, dout, lse, causal=False, softmax_scale=None, *, 
                dims.tl_dtype, dims.softmax_scale)
     dq = torch.empty_like(q) if dq is None else dq
     rows = (batch, dims.seq_len, dims.heads, dims.head_dim, dims.tl_dtype)
-    kv_rows = (batch, dims.seq_len, dims.kv_heads, dims.head_dim, dims.tl_dtype)
     delta = torch.empty(want, dtype=torch.float32, device=q.device)
+    if deterministic:
+        prepost.compiled_preprocess(*rows, clear_dq=False)(out, dout, delta)
+        compiled(*problem, config, with_dq=False)(q, k, v, dout, lse, delta, dk, dv)
+        compiled_dq(*problem, dq_config)(q, k, v, dout, lse, delta, dq)
+        return dq, dk, dv
+    kv_rows = (batch, dims.seq_len, dims.kv_heads, dims.head_dim, dims.tl_dtype)
     # split heads add dK and dV into fp32 accumulators (one memset clears both)
     kv_accum = (torch.zeros((2, *prepost.dq_accum_shape(*kv_rows[:4])), dtype=torch.float32,
                             device=q.device) if config.head_splits > 1 else None)
     dk_out, dv_out = (dk, dv) if kv_accum is None else kv_accum.unbind(0)
-    if deterministic:
-        prepost.compiled_preprocess(*rows, clear_dq=False)(out, dout, delta)
-        compiled(*problem, config, with_dq=False)(q, k, v, dout, lse, delta, dk_out, dv_out)
-        compiled_dq(*problem, dq_config)(q, k, v, dout, lse, delta, dq)
-    else:
-        planes = config.dq_planes
-        dq_accum = torch.empty(prepost.dq_accum_shape(dims.batch, dims.seq_len, dims.heads,
-                                                      dims.head_dim, planes),
-                               dtype=torch.float32, device=q.device)
-        prepost.compiled_preprocess(*rows, planes=planes)(out, dout, delta, dq_accum)
-        compiled(*problem, config)(q, k, v, dout, lse, delta, dq_accum, dk_out, dv_out)
-        prepost.compiled_postprocess(*rows, planes)(dq_accum, dq)
+    planes = config.dq_planes
+    dq_accum = torch.empty(prepost.dq_accum_shape(dims.batch, dims.seq_len, dims.heads,
+                                                  dims.head_dim, planes),
+                           dtype=torch.float32, device=q.device)
+    prepost.compiled_preprocess(*rows, planes=planes)(out, dout, delta, dq_accum)
+    compiled(*problem, config)(q, k, v, dout, lse, delta, dq_accum, dk_out, dv_out)
+    prepost.compiled_postprocess(*rows, planes)(dq_accum, dq)
     if kv_accum is not None:
         prepost.compiled_postprocess(*kv_rows, 1)(dk_out, dk)
         prepost.compiled_postprocess(*kv_rows, 1)(dv_out, dv)

@@ -255,15 +255,15 @@ def test_every_walk_visits_each_head_and_q_tile_once(heads_inner):
 @pytest.mark.parametrize("splits", [1, 2, 4])
 def test_split_groups_walk_every_head_of_every_kv_head_once(splits):
     """With ``Config.head_splits`` the grid's (KV head, split) slots and each slot's walk
-    (the kernel's own arithmetic: slot // splits, then its group / splits heads) cover every
-    (query head, K/V tile, batch) once, each query head under its own KV head."""
+    (``slot_heads``, then its group / splits heads) cover every (query head, K/V tile, batch)
+    once, each query head under its own KV head."""
     n_kvtiles, kv_heads, batch, group = 3, 2, 2, 4
     slots, walk_heads = kv_heads * splits, group // splits
     gx_n, gy_n = pipelined.kv_grid(n_kvtiles, slots, batch, True)
     seen = []
     for gy, gx in itertools.product(range(gy_n), range(gx_n)):
         tile, slot, b = pipelined.kv_tile(gx, gy, n_kvtiles, slots, True)
-        kvh, first_head = slot // splits, slot // splits * group + slot % splits * walk_heads
+        kvh, first_head = pipelined.slot_heads(slot, splits, group)
         for it in range(walk_heads):
             h, _ = pipelined.q_walk(it, 1, 0, first_head, walk_heads, 1, False)
             assert h // group == kvh
