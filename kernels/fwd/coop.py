@@ -89,8 +89,8 @@ from ws_lab.check import Support, head_dims_supported, validate_attention_inputs
 from ws_lab.kernels import LOG2E
 from ws_lab.kernels.fwd.barriers import EPILOGUES, FP8_P_BARRIERS, WARP_SCHEDULERS, NamedBarrier
 from ws_lab.kernels.fwd.pipeline import KVRing
-from ws_lab.kernels.fwd.softmax import (SoftmaxState, alloc_softmax_state, normalize_o,
-                                        online_softmax, score_mask)
+from ws_lab.kernels.fwd.softmax import (FP8_PROB_LOG2_OFFSET, SoftmaxState, alloc_softmax_state,
+                                        normalize_o, online_softmax, score_mask)
 from ws_lab.kernels.fwd.tile_scheduler import (RANK_GROUP, PersistentScheduler, cluster_for,
                                                kv_exceed_half_l2, persistent_device_args,
                                                qtile_grid)
@@ -246,6 +246,7 @@ class MainloopContext:
     p_regs: int  # 32-bit registers a thread holds of P (input dtype: e4m3 packs 4 a register)
     head_dim_v: int
     scale_log2: float
+    prob_log2_offset: float  # P = exp2(s·scale − max·scale + this): FP8's 8, else 0
     mask: Callable  # score_mask's macro: mask(acc_s, kb, row0)
     issue_qk: Callable  # issue_qk(wg, q_s, slot, kv, stage, phase, acc_s)
     release: Callable  # release(empty, stage)
@@ -298,7 +299,7 @@ def serial_mainloop(t: MainloopContext) -> Mainloop:
             t.mask(st.acc_s, kb, row0)
             online_softmax(st.acc_s, st.p, st.acc_o, st.row_max, st.row_max_prev,
                            st.row_rescale, st.block_sum, st.row_sum, HALF, t.bn, t.head_dim_v,
-                           t.scale(st), t.copy_p)
+                           t.scale(st), t.copy_p, t.prob_log2_offset)
             if t.commit_p is not None:
                 t.commit_p(wg, st, kv)
 
@@ -398,7 +399,9 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
     t = MainloopContext(bn=bn, ring=KVRing(stages), pingpong=cfg.pingpong, causal=causal,
                         seq_len=seq_len, s_regs=HALF * bn // 128, o_regs=HALF * head_dim_v // 128,
                         p_regs=HALF * bn * (1 if fp8 else 2) // 512, head_dim_v=head_dim_v,
-                        scale_log2=scale_log2, mask=mask, issue_qk=issue_qk, release=release,
+                        scale_log2=scale_log2,
+                        prob_log2_offset=FP8_PROB_LOG2_OFFSET if fp8 else 0.0, mask=mask,
+                        issue_qk=issue_qk, release=release,
                         issue_pv=pv_issuer(fp8, cfg, issue_pv, issue_pv_fp8, issue_pv_fp8_rs),
                         commit_p=commit_p_fp8 if fp8 and not cfg.p_in_registers else None,
                         copy_p=copy_p_operand_order if cfg.p_in_registers else T.copy)

@@ -81,6 +81,9 @@ def _mainloop_factory(deferred_sums: bool, split_mask: bool, anchor_probs: bool,
     threshold = LAZY_RESCALE_LOG2 if lazy_rescale else None
 
     def factory(t: coop.MainloopContext) -> coop.Mainloop:
+        if lazy_rescale and t.prob_log2_offset:  # P up to 2^16: past e4m3's 448
+            raise ValueError("lazy_rescale lets P reach 2^8 before the FP8 offset's 2^8: the "
+                             "FP8 forward takes no lazy rescale")
         unchecked_mask = score_mask(t.causal, t.seq_len, HALF, t.bn, checked=False)
         ring = t.ring
 
@@ -93,12 +96,13 @@ def _mainloop_factory(deferred_sums: bool, split_mask: bool, anchor_probs: bool,
         def row_stats(st: SoftmaxState, part_sum):
             if deferred_sums:
                 softmax_probs(st.acc_s, st.row_max, st.row_max_prev, st.row_rescale, HALF, t.bn,
-                              t.scale(st), threshold)
+                              t.scale(st), threshold, t.prob_log2_offset)
                 rescale_partial_sums(part_sum, st.row_rescale, HALF)
                 add_partial_sums(st.acc_s, part_sum, HALF, t.bn)
             else:
                 softmax_stats(st.acc_s, st.row_max, st.row_max_prev, st.row_rescale,
-                              st.block_sum, st.row_sum, HALF, t.bn, t.scale(st), threshold)
+                              st.block_sum, st.row_sum, HALF, t.bn, t.scale(st), threshold,
+                              t.prob_log2_offset)
 
         @T.macro
         def step(wg, kb, row0, mask, q_s, kv: KVStages, st: SoftmaxState, part_sum, slot, it0,

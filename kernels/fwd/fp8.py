@@ -59,7 +59,8 @@ from ws_lab.kernels import LOG2E
 from ws_lab.kernels.fwd import coop, coop_overlap
 from ws_lab.kernels.fwd.barriers import NamedBarrier
 from ws_lab.kernels.fwd.pipelined import Config  # its tile fields and launch order
-from ws_lab.kernels.fwd.softmax import alloc_softmax_state, normalize_o, online_softmax, score_mask
+from ws_lab.kernels.fwd.softmax import (FP8_PROB_LOG2_OFFSET, alloc_softmax_state, normalize_o,
+                                        online_softmax, score_mask)
 from ws_lab.kernels.fwd.tile_scheduler import cluster_for, persistent_device_args, qtile_grid
 from ws_lab.target import H100_L2_BYTES, compile_sm90a
 
@@ -129,7 +130,8 @@ def flash_fwd_fp8(batch, seq_len, heads, kv_heads, head_dim, causal, softmax_sca
                 T.gemm(q_s, k_s, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
                 mask(acc_s, kb, bx * bm)
                 online_softmax(acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum,
-                               row_sum, bm, bn, head_dim, scale_log2[0])
+                               row_sum, bm, bn, head_dim, scale_log2[0],
+                               prob_log2_offset=FP8_PROB_LOG2_OFFSET)
                 # P through shared memory: TileLang lays e4m3 P out as no RS operand (module
                 # docstring); Vᵀ is K-major, as FP8 wgmma needs
                 T.copy(p, p_s)
@@ -145,9 +147,10 @@ def flash_fwd_fp8(batch, seq_len, heads, kv_heads, head_dim, causal, softmax_sca
             T.fence_proxy_async()
             T.sync_threads(NamedBarrier.FP8_O_TILE, 256)
             T.copy(o_s, Out[bz, bx * bm:(bx + 1) * bm, by, :])
-            if with_lse:  # ln Σ exp(s·scale) = (max·scale·log2 e + log2 Σ) / log2 e
+            if with_lse:  # ln Σ exp(s·scale) = (max·scale·log2 e + log2 Σ − offset) / log2 e
                 for i in T.Parallel(bm):
-                    block_sum[i] = (row_max[i] * scale_log2[0] + T.log2(row_sum[i])) / LOG2E
+                    block_sum[i] = (row_max[i] * scale_log2[0] + T.log2(row_sum[i])
+                                    - FP8_PROB_LOG2_OFFSET) / LOG2E
                 T.copy(block_sum, LSE[bz, by, bx * bm:(bx + 1) * bm])
 
     # a fresh annotation per parameter: parameters sharing one T.Tensor object become one

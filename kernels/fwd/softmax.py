@@ -11,6 +11,10 @@ import tilelang.language as T
 # FA4's conditional rescale: a row's running max moves only when a block raises it by more
 # than this (log2 units), so P stays below 2^8 (in range for bf16 and fp16)
 LAZY_RESCALE_LOG2 = 8.0
+# FP8: P = exp2(s - max + 8) lies in [0, 256], so e4m3 P keeps normal precision down to 2^-14
+# of the row max (2^-6 with P in [0, 1]); the 2^8 cancels in O / rowsum (FA3's Max_offset;
+# notes/fp8.md, "Session 51")
+FP8_PROB_LOG2_OFFSET = 8.0
 
 
 @dataclass(frozen=True)
@@ -92,12 +96,14 @@ def first_masked_block(causal: bool, seq_len: int, block_n: int, row0, loop_rang
 
 @T.macro
 def softmax_probs(acc_s, row_max, row_max_prev, row_rescale, rows, cols, scale_log2,
-                  rescale_threshold=None):
+                  rescale_threshold=None, prob_log2_offset=0.0):
     """acc_s (rows × cols fp32 scores) -> exp2 of the scaled, max-shifted scores, in place; the
     running max advances and row_rescale holds the factor for the old O and row sums.
     ``rescale_threshold`` (log2 units; FA4's conditional rescale): a row's max moves only when
     the block raises it by more than that, so most blocks rescale by exactly 1 and the
-    probabilities stay below 2^threshold; O / rowsum is unchanged, since both use one max."""
+    probabilities stay below 2^threshold; O / rowsum is unchanged, since both use one max.
+    ``prob_log2_offset``: P = exp2(s·scale − max·scale + offset) (FP8_PROB_LOG2_OFFSET), the
+    offset folded into the per-row shift, so each element still costs one FFMA and one exp2."""
     T.copy(row_max, row_max_prev)
     T.reduce_max(acc_s, row_max, dim=1, clear=False)
     if rescale_threshold is not None:
@@ -107,16 +113,21 @@ def softmax_probs(acc_s, row_max, row_max_prev, row_rescale, rows, cols, scale_l
                 row_max_prev[i])
     for i in T.Parallel(rows):
         row_rescale[i] = T.exp2(row_max_prev[i] * scale_log2 - row_max[i] * scale_log2)
-    for i, j in T.Parallel(rows, cols):
-        acc_s[i, j] = T.exp2(acc_s[i, j] * scale_log2 - row_max[i] * scale_log2)
+    if prob_log2_offset != 0.0:
+        for i, j in T.Parallel(rows, cols):
+            acc_s[i, j] = T.exp2(acc_s[i, j] * scale_log2 - (row_max[i] * scale_log2
+                                                               - prob_log2_offset))
+    else:
+        for i, j in T.Parallel(rows, cols):
+            acc_s[i, j] = T.exp2(acc_s[i, j] * scale_log2 - row_max[i] * scale_log2)
 
 
 @T.macro
 def softmax_stats(acc_s, row_max, row_max_prev, row_rescale, block_sum, row_sum, rows, cols,
-                  scale_log2, rescale_threshold=None):
+                  scale_log2, rescale_threshold=None, prob_log2_offset=0.0):
     """softmax_probs, then the running row sums advance (one full row reduction per block)."""
     softmax_probs(acc_s, row_max, row_max_prev, row_rescale, rows, cols, scale_log2,
-                  rescale_threshold)
+                  rescale_threshold, prob_log2_offset)
     T.reduce_sum(acc_s, block_sum, dim=1)
     for i in T.Parallel(rows):
         row_sum[i] = row_sum[i] * row_rescale[i] + block_sum[i]
@@ -176,8 +187,8 @@ def commit_probs(acc_s, p, acc_o, row_rescale, rows, head_dim_v, copy_p=T.copy):
 
 @T.macro
 def online_softmax(acc_s, p, acc_o, row_max, row_max_prev, row_rescale, block_sum, row_sum,
-                   rows, cols, head_dim_v, scale_log2, copy_p=T.copy):
+                   rows, cols, head_dim_v, scale_log2, copy_p=T.copy, prob_log2_offset=0.0):
     """softmax_stats then commit_probs: one score tile in, P and the rescaled O out."""
     softmax_stats(acc_s, row_max, row_max_prev, row_rescale, block_sum, row_sum, rows, cols,
-                  scale_log2)
+                  scale_log2, None, prob_log2_offset)
     commit_probs(acc_s, p, acc_o, row_rescale, rows, head_dim_v, copy_p)
