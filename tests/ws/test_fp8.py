@@ -107,10 +107,12 @@ def outlier_inputs(seed, outliers):
 def test_quantisation_error_is_no_worse_than_fa3s_and_the_hadamard_option_cuts_outliers(
         outliers):
     """On the same bf16-derived e4m3 inputs and descales, the lab's output against the float64
-    oracle on the bf16 inputs is within 2 % of FA3 FP8's rel-L2 or below it, and so is its
-    lse error against the oracle on the dequantised inputs. The Hadamard option cuts the
-    error by more than 2 × where channels carry outliers and leaves it within 5 % on N(0, 1)
-    inputs (nothing to spread). Skips where FA3's FP8 forward is not installed."""
+    oracle on the bf16 inputs is within 0.5 % of FA3 FP8's rel-L2 or below it (on the H100,
+    with P shifted by 2^8: +0.07 % and below it; the bench rows were 0.6–2.3 % above FA3's
+    before the shift: notes/fp8.md, "Session 51"), and so is its lse error against the oracle
+    on the dequantised inputs. The Hadamard option cuts the error by more than 2 × where
+    channels carry outliers and leaves it within 5 % on N(0, 1) inputs (nothing to spread).
+    Skips where FA3's FP8 forward is not installed."""
     fa3 = pytest.importorskip("fa3_fwd_interface")
     q, k, v = outlier_inputs(0, outliers)
     ref = oracle.attention_ref(q, k, v, causal=True)[0]
@@ -126,8 +128,8 @@ def test_quantisation_error_is_no_worse_than_fa3s_and_the_hadamard_option_cuts_o
     lse_errors = {name: (x.double() - ref_lse).abs().max().item() for name, x in
                   (("lab", lse), ("fa3", fa3_lse))}
     print(f"outliers={outliers}: rel-L2 {errors}, lse max |error| {lse_errors}")
-    assert errors["lab"] <= errors["fa3"] * 1.02
-    assert lse_errors["lab"] <= lse_errors["fa3"] * 1.02
+    assert errors["lab"] <= errors["fa3"] * 1.005
+    assert lse_errors["lab"] <= lse_errors["fa3"] * 1.005
     if outliers:
         assert errors["lab+hadamard"] < errors["lab"] / 2
     else:
