@@ -18,8 +18,9 @@ def head_splits(batch, seq_len, kv_heads, group, causal, block_kv, block_q, sms)
     """The fewest splits of the query group (a divisor of it) for which no CTA walks longer
     than the SMs' mean share of all steps, else the most: with the group whole, Qwen2.5-0.5B's
     training shape (B 8, S 456, 14 / 2 heads) launched 64 CTAs of up to 56 steps on 132 SMs
-    and ran at 0.66 × TileOPs' one-head-a-CTA kernel (notes/bwd.md, "Session 50"). Asked for
-    through ``pipelined.planned_config``; not yet the default (no GPU run of the split)."""
+    and ran at 0.66 × TileOPs' one-head-a-CTA kernel; split 7 ways, 0.98 × (notes/bwd.md,
+    "Session 50", "Session 51"). ``pipelined.planned_config`` applies it, and
+    ``attention_bwd`` plans by it unless given a config."""
     divisors = [s for s in range(1, group + 1) if group % s == 0]
     for s in divisors:
         longest, total = main_kernel_steps(seq_len, group, causal, block_kv, block_q, s)

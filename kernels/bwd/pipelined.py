@@ -29,16 +29,17 @@ Shared memory at D 128 and the default tiles (bm 128 K/V rows, bn 64 Q rows, 2 s
   buffer reuses K's bytes).
 Grid (``kv_grid``): causal, every head's K/V tile 0 (the longest walk) launches first; full,
   a head's K/V tiles launch together. Where those CTAs cannot fill the SMs evenly
-  (``heuristics.head_splits``: Qwen2.5-0.5B's 7-head groups; ``planned_config``, not yet the
-  default: unmeasured on a GPU), ``Config.head_splits`` gives each K/V tile several CTAs,
-  each walking a share of the group and adding its fp32 dK / dV into accumulators by bulk
-  reduce-add (a (128, D + 8) fp32 staging tile in the loop's freed bytes), cast by
-  ``prepost.postprocess``. Causal steps start at the first Q tile that sees the K/V tile;
-  only the tiles that straddle the diagonal and the ragged last Q and K/V tiles are masked.
+  (``heuristics.head_splits``: Qwen2.5-0.5B's 7-head groups; ``planned_config``, what
+  ``attention_bwd`` runs unless given a config), ``Config.head_splits`` gives each K/V tile
+  several CTAs, each walking a share of the group and adding its fp32 dK / dV into
+  accumulators by bulk reduce-add (a (128, D + 8) fp32 staging tile in the loop's freed
+  bytes), cast by ``prepost.postprocess``. Causal steps start at the first Q tile that sees
+  the K/V tile; only the tiles that straddle the diagonal and the ragged last Q and K/V tiles
+  are masked.
   Compiled with fast math (ex2.approx.ftz for Pᵀ). Correct on the H100 over the grid of
   tests/ws/test_bwd.py; 0.92–0.94 × TileOPs' backward on the full rows, 0.83–0.86 × on the
-  causal ones and 0.66 × on the Qwen row, level with cuDNN on the 8B rows (notes/bwd.md,
-  "Session 50").
+  causal ones, level with cuDNN on the 8B rows (notes/bwd.md, "Session 50"); on the Qwen row
+  0.98 × TileOPs split 7 ways, 0.66 × whole ("Session 51").
 
 Deterministic mode (``attention_bwd(..., deterministic=True)``): the main kernel without dQ
 (``with_dq=False``: four GEMMs), then ``flash_bwd_dq``, FA2's separate dQ pass in place of FA3's
@@ -464,7 +465,7 @@ def compiled_dq(*args):
 
 
 def attention_bwd(q, k, v, out, dout, lse, causal=False, softmax_scale=None, *, dq=None,
-                  dk=None, dv=None, deterministic=False, config: Config = DEFAULT,
+                  dk=None, dv=None, deterministic=False, config: Config | None = None,
                   dq_config: Config = DQ_DEFAULT, dynamic_batch: bool = False):
     """(dq, dk, dv) of BSHD GQA attention, in q's dtype: q (B, S, Hq, D), k / v (B, S, Hkv, D),
     the forward's out and the upstream dout (B, S, Hq, D), lse (B, Hq, S) fp32 natural log.
@@ -474,8 +475,8 @@ def attention_bwd(q, k, v, out, dout, lse, causal=False, softmax_scale=None, *, 
     ``flash_bwd_dq`` (a fixed order; bitwise repeatable) instead of the main kernel's
     reduce-adds, which land in no fixed order, at two recomputed GEMMs a step.
     ``dynamic_batch``: one set of kernels for every batch (B a launch argument). ``config``:
-    the main kernel's (``planned_config`` gives the group split ``heuristics.head_splits``
-    plans; not the default until measured on a GPU: notes/bwd.md, "Session 50")."""
+    the main kernel's; None: ``planned_config`` for this device's SMs (a dynamic batch plans
+    for batch 1), or ``DEFAULT`` in the deterministic mode (notes/bwd.md, "Session 51")."""
     dims = validate_attention_inputs(q, k, v, supported_head_dims=HEAD_DIMS,
                                      softmax_scale=softmax_scale, causal=causal, devices="any")
     q_like = f"{q.dtype} tensor of q's shape {tuple(q.shape)}"
@@ -492,10 +493,14 @@ def attention_bwd(q, k, v, out, dout, lse, causal=False, softmax_scale=None, *, 
     for name, buf in (("dq", dq), ("dk", dk), ("dv", dv)):  # written in place
         if buf is not None and not buf.is_contiguous():
             raise ValueError(f"{name} must be contiguous (the kernel writes it in place)")
-    if deterministic and config.head_splits > 1:
+    if deterministic and config is not None and config.head_splits > 1:
         raise ValueError("the deterministic mode takes head_splits 1: split heads add dK and "
                          "dV in no fixed order")
     require_device(q.device, "cuda")
+    if config is None:
+        config = DEFAULT if deterministic else planned_config(
+            1 if dynamic_batch else dims.batch, dims.seq_len, dims.heads, dims.kv_heads, causal,
+            torch.cuda.get_device_properties(q.device).multi_processor_count)
     out, dout, lse = out.contiguous(), dout.contiguous(), lse.contiguous()
     dk = torch.empty_like(k) if dk is None else dk
     dv = torch.empty_like(v) if dv is None else dv
@@ -512,8 +517,9 @@ def attention_bwd(q, k, v, out, dout, lse, causal=False, softmax_scale=None, *, 
         return dq, dk, dv
     kv_rows = (batch, dims.seq_len, dims.kv_heads, dims.head_dim, dims.tl_dtype)
     # split heads add dK and dV into fp32 accumulators (one memset clears both)
-    kv_accum = (torch.zeros((2, *prepost.dq_accum_shape(*kv_rows[:4])), dtype=torch.float32,
-                            device=q.device) if config.head_splits > 1 else None)
+    kv_accum = (torch.zeros((2, *prepost.dq_accum_shape(dims.batch, *kv_rows[1:4])),
+                            dtype=torch.float32, device=q.device)
+                if config.head_splits > 1 else None)
     dk_out, dv_out = (dk, dv) if kv_accum is None else kv_accum.unbind(0)
     planes = config.dq_planes
     dq_accum = torch.empty(prepost.dq_accum_shape(dims.batch, dims.seq_len, dims.heads,
