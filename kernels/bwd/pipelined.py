@@ -102,6 +102,10 @@ class Config:
     # by bulk reduce-add, cast afterwards (TileOPs' one head a CTA, for grids too small or too
     # uneven to fill the SMs; the rule is ``heuristics.head_splits``).
     head_splits: int = 1
+    # Sᵀ and dPᵀ issued together and P's exp2 run while dPᵀ is in flight (TileOPs' order).
+    # At D 128 that order spilled and serialized every wgmma (below); at D 64 dK and dV hold
+    # 32 registers each, not 64. Off until measured (notes/bwd.md, "Session 51").
+    s_dp_together: bool = False
 
 
 # 2 consumer warpgroups of 64 K/V rows each, 64 Q rows a step: Sᵀ, dPᵀ and dQ 32 registers a
@@ -191,17 +195,30 @@ def flash_bwd(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softmax_
                 T.copy(dO[bz, qt * bn:(qt + 1) * bn, h, :], do_s)
                 T.copy(LSE[bz, h, qt * bn:(qt + 1) * bn], lse_s)
                 T.copy(Delta[bz, h, qt * bn:(qt + 1) * bn], delta_s)
-                T.clear(st)
-                _gemm(k_s, q_s, st, transpose_B=True)
+                if cfg.s_dp_together:
+                    T.wgmma_gemm(k_s, q_s, st, transpose_B=True, clear_accum=True,
+                                 policy=T.GemmWarpPolicy.FullRow)
+                    T.wgmma_gemm(v_s, do_s, dpt, transpose_B=True, clear_accum=True,
+                                 policy=T.GemmWarpPolicy.FullRow)
+                    T.wait_wgmma(1)
+                    T.warpgroup_fence_operand(st, num_regs=bm * bn // cfg.threads)
+                else:
+                    T.clear(st)
+                    _gemm(k_s, q_s, st, transpose_B=True)
                 for i, j in T.Parallel(bm, bn):
                     st[i, j] = T.exp2(st[i, j] * scale_log2 - lse_s[j] * LOG2E)
                 if mask_step:
                     for i, j in T.Parallel(bm, bn):
                         st[i, j] = T.if_then_else(live(bx * bm + i, qt * bn + j), st[i, j], 0)
                 T.copy(st, pt)
-                _gemm(pt, do_s, dv)
-                T.clear(dpt)
-                _gemm(v_s, do_s, dpt, transpose_B=True)
+                if cfg.s_dp_together:
+                    T.wait_wgmma(0)
+                    T.warpgroup_fence_operand(dpt, num_regs=bm * bn // cfg.threads)
+                    _gemm(pt, do_s, dv)
+                else:
+                    _gemm(pt, do_s, dv)
+                    T.clear(dpt)
+                    _gemm(v_s, do_s, dpt, transpose_B=True)
                 for i, j in T.Parallel(bm, bn):
                     dst[i, j] = st[i, j] * (dpt[i, j] - delta_s[j]) * softmax_scale
                 if mask_step:  # again: Δ past S is not data

@@ -39,6 +39,27 @@ def test_backward_compiles_to_five_wgmma_gemms_without_spills(tmp_path, head_dim
 
 
 @needs_nvcc
+def test_s_and_dp_together_run_the_exp2s_under_dp_at_d64_without_spills(tmp_path):
+    """``Config(s_dp_together=True)`` on the Qwen row's split kernel (D 64): Sᵀ and dPᵀ issued
+    as one group of two, a wait for Sᵀ (DEPBAR.LE 1), every one of a thread's 32 exp2s, then
+    the wait for dPᵀ; the same GEMMs, no spill. The default waits after each GEMM."""
+    import dataclasses
+
+    shape = shapes.Shape("bwd-codegen", 8, 14, 2, 456, 64, 64, True, "bfloat16")
+    planned = pipelined.planned_config(8, 456, 14, 2, True, 132)
+    summaries = {}
+    for together in (False, True):
+        cfg = dataclasses.replace(planned, s_dp_together=together)
+        emitted = emit.lower_variant("bwd-pipelined", shape, pipelined.prim_func_for(shape, cfg),
+                                     pipelined.PASS_CONFIGS)
+        summaries[together] = emit.inspect(emitted, tmp_path / str(together))
+        assert summaries[together].spill_bytes == 0, summaries[together].format()
+    assert summaries[True].hgmma == summaries[False].hgmma
+    assert summaries[True].ex2_between_waits[:1] == [64 * 128 // 256]  # a thread's Pᵀ
+    assert summaries[False].ex2_between_waits == [0]  # only the dK / dQ pair's window
+
+
+@needs_nvcc
 @pytest.mark.parametrize("head_dim,causal", [(128, False), (64, True)])
 def test_deterministic_mode_compiles_to_wgmma_without_spills(tmp_path, head_dim, causal):
     """The deterministic mode's two kernels: the main kernel without dQ (four GEMMs: Sᵀ, dPᵀ,

@@ -93,6 +93,24 @@ def test_split_heads_match_the_oracle(head_dim, causal, dtype, group, seq_len, s
         assert grad_error(g, w) < TOLERANCE[dtype], name
 
 
+@pytest.mark.parametrize("head_dim,causal,dtype,group,seq_len", CASES[::2])
+def test_s_and_dp_together_match_the_oracle(head_dim, causal, dtype, group, seq_len):
+    """``Config(s_dp_together=True)`` on the plan (off by default until measured): the same
+    bound."""
+    import dataclasses
+
+    import torch
+
+    inputs, want = problem(head_dim, causal, dtype, group, seq_len)
+    q, k = inputs[:2]
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    config = dataclasses.replace(pipelined.planned_config(
+        q.shape[0], seq_len, q.shape[2], k.shape[2], causal, sms), s_dp_together=True)
+    got = pipelined.attention_bwd(*inputs, causal, config=config, **poisoned_grads(*inputs[:3]))
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        assert grad_error(g, w) < TOLERANCE[dtype], name
+
+
 @pytest.mark.parametrize("head_dim,causal,dtype,group,seq_len", CASES[::3])
 def test_the_heads_inner_walk_matches_the_oracle(head_dim, causal, dtype, group, seq_len):
     """``Config(heads_inner=True)`` (off by default until measured): the same bound."""
