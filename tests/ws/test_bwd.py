@@ -33,13 +33,17 @@ def grad_error(got, ref) -> float:
     return oracle.rel_l2(got, ref)
 
 
+def case_batch_and_kv_heads(seq_len):
+    return (1, 2) if seq_len == 4096 else (2, 2)
+
+
 def problem(head_dim, causal, dtype, group, seq_len):
     """Fresh random (q, k, v, out, dout, lse) of a grid case, out and lse from the oracle (out
     as the strided view it returns), and the oracle's (dq, dk, dv)."""
     import torch
 
     dt = getattr(torch, dtype)
-    batch, kv_heads = (1, 2) if seq_len == 4096 else (2, 2)
+    batch, kv_heads = case_batch_and_kv_heads(seq_len)
     q = torch.randn(batch, seq_len, kv_heads * group, head_dim, device="cuda", dtype=dt)
     k, v = (torch.randn(batch, seq_len, kv_heads, head_dim, device="cuda", dtype=dt)
             for _ in range(2))
@@ -56,25 +60,41 @@ def poisoned_grads(q, k, v):
                 dv=torch.full_like(v, float("nan")))
 
 
+def assert_case_matches_the_oracle(head_dim, causal, dtype, group, seq_len, **options):
+    """``attention_bwd(**options)`` on a fresh grid case into NaN-poisoned gradients: each
+    within the dtype's bound of the float64 oracle. Returns (inputs, gradients)."""
+    inputs, want = problem(head_dim, causal, dtype, group, seq_len)
+    got = pipelined.attention_bwd(*inputs, causal, **options, **poisoned_grads(*inputs[:3]))
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        assert grad_error(g, w) < TOLERANCE[dtype], name
+    return inputs, got
+
+
+def planned(causal, group, seq_len, **fields):
+    """The grid case's ``planned_config`` on this GPU's SMs, with ``fields`` replaced."""
+    import dataclasses
+
+    import torch
+
+    batch, kv_heads = case_batch_and_kv_heads(seq_len)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    return dataclasses.replace(pipelined.planned_config(
+        batch, seq_len, kv_heads * group, kv_heads, causal, sms), **fields)
+
+
 @pytest.mark.parametrize("head_dim,causal,dtype,group,seq_len", CASES)
 def test_backward_matches_the_oracle(head_dim, causal, dtype, group, seq_len):
     """The default config (``planned_config``: the grid's small problems mostly split the
     group), gradients NaN-poisoned, within the dtype's bound of the float64 oracle."""
-    inputs, want = problem(head_dim, causal, dtype, group, seq_len)
-    grads = pipelined.attention_bwd(*inputs, causal, **poisoned_grads(*inputs[:3]))
-    for name, got, ref in zip(("dq", "dk", "dv"), grads, want):
-        assert grad_error(got, ref) < TOLERANCE[dtype], name
+    assert_case_matches_the_oracle(head_dim, causal, dtype, group, seq_len)
 
 
 @pytest.mark.parametrize("head_dim,causal,dtype,group,seq_len", CASES)
 def test_the_whole_group_matches_the_oracle(head_dim, causal, dtype, group, seq_len):
     """``DEFAULT`` (the group whole, one CTA per K/V tile and KV head: what the plan picks on
     the 8B rows): the same bound."""
-    inputs, want = problem(head_dim, causal, dtype, group, seq_len)
-    got = pipelined.attention_bwd(*inputs, causal, config=pipelined.DEFAULT,
-                                  **poisoned_grads(*inputs[:3]))
-    for name, g, w in zip(("dq", "dk", "dv"), got, want):
-        assert grad_error(g, w) < TOLERANCE[dtype], name
+    assert_case_matches_the_oracle(head_dim, causal, dtype, group, seq_len,
+                                   config=pipelined.DEFAULT)
 
 
 @pytest.mark.parametrize("head_dim,causal,dtype,group,seq_len,splits", [
@@ -86,29 +106,17 @@ def test_split_heads_match_the_oracle(head_dim, causal, dtype, group, seq_len, s
     accumulators, cast afterwards: the grid's bound, the gradients NaN-poisoned."""
     import dataclasses
 
-    inputs, want = problem(head_dim, causal, dtype, group, seq_len)
-    config = dataclasses.replace(pipelined.DEFAULT, head_splits=splits)
-    got = pipelined.attention_bwd(*inputs, causal, config=config, **poisoned_grads(*inputs[:3]))
-    for name, g, w in zip(("dq", "dk", "dv"), got, want):
-        assert grad_error(g, w) < TOLERANCE[dtype], name
+    assert_case_matches_the_oracle(
+        head_dim, causal, dtype, group, seq_len,
+        config=dataclasses.replace(pipelined.DEFAULT, head_splits=splits))
 
 
 @pytest.mark.parametrize("head_dim,causal,dtype,group,seq_len", CASES[::2])
 def test_s_and_dp_together_match_the_oracle(head_dim, causal, dtype, group, seq_len):
     """``Config(s_dp_together=True)`` on the plan (off by default until measured): the same
     bound."""
-    import dataclasses
-
-    import torch
-
-    inputs, want = problem(head_dim, causal, dtype, group, seq_len)
-    q, k = inputs[:2]
-    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-    config = dataclasses.replace(pipelined.planned_config(
-        q.shape[0], seq_len, q.shape[2], k.shape[2], causal, sms), s_dp_together=True)
-    got = pipelined.attention_bwd(*inputs, causal, config=config, **poisoned_grads(*inputs[:3]))
-    for name, g, w in zip(("dq", "dk", "dv"), got, want):
-        assert grad_error(g, w) < TOLERANCE[dtype], name
+    assert_case_matches_the_oracle(head_dim, causal, dtype, group, seq_len,
+                                   config=planned(causal, group, seq_len, s_dp_together=True))
 
 
 @pytest.mark.parametrize("head_dim,causal,dtype,group,seq_len", CASES[::3])
@@ -116,11 +124,9 @@ def test_the_heads_inner_walk_matches_the_oracle(head_dim, causal, dtype, group,
     """``Config(heads_inner=True)`` (off by default until measured): the same bound."""
     import dataclasses
 
-    inputs, want = problem(head_dim, causal, dtype, group, seq_len)
-    config = dataclasses.replace(pipelined.DEFAULT, heads_inner=True)
-    got = pipelined.attention_bwd(*inputs, causal, config=config, **poisoned_grads(*inputs[:3]))
-    for name, g, w in zip(("dq", "dk", "dv"), got, want):
-        assert grad_error(g, w) < TOLERANCE[dtype], name
+    assert_case_matches_the_oracle(
+        head_dim, causal, dtype, group, seq_len,
+        config=dataclasses.replace(pipelined.DEFAULT, heads_inner=True))
 
 
 @pytest.mark.parametrize("head_dim,causal,dtype,group,seq_len", CASES[::3])
@@ -130,11 +136,9 @@ def test_the_per_warpgroup_dq_planes_match_the_oracle(head_dim, causal, dtype, g
     accumulator."""
     import dataclasses
 
-    inputs, want = problem(head_dim, causal, dtype, group, seq_len)
-    config = dataclasses.replace(pipelined.DEFAULT, dq_planes=2)
-    got = pipelined.attention_bwd(*inputs, causal, config=config, **poisoned_grads(*inputs[:3]))
-    for name, g, w in zip(("dq", "dk", "dv"), got, want):
-        assert grad_error(g, w) < TOLERANCE[dtype], name
+    assert_case_matches_the_oracle(
+        head_dim, causal, dtype, group, seq_len,
+        config=dataclasses.replace(pipelined.DEFAULT, dq_planes=2))
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
@@ -145,13 +149,10 @@ def test_the_uniform_warpgroup_kernels_match_the_oracle(head_dim, causal, dtype,
     the main kernel and the deterministic mode's dQ kernel: the grid's bound."""
     import dataclasses
 
-    inputs, want = problem(head_dim, causal, dtype, group, seq_len)
-    configs = dict(config=dataclasses.replace(pipelined.DEFAULT, uniform_wg=True),
-                   dq_config=dataclasses.replace(pipelined.DQ_DEFAULT, uniform_wg=True))
-    got = pipelined.attention_bwd(*inputs, causal, deterministic=deterministic, **configs,
-                                  **poisoned_grads(*inputs[:3]))
-    for name, g, w in zip(("dq", "dk", "dv"), got, want):
-        assert grad_error(g, w) < TOLERANCE[dtype], name
+    assert_case_matches_the_oracle(
+        head_dim, causal, dtype, group, seq_len, deterministic=deterministic,
+        config=dataclasses.replace(pipelined.DEFAULT, uniform_wg=True),
+        dq_config=dataclasses.replace(pipelined.DQ_DEFAULT, uniform_wg=True))
 
 
 @pytest.mark.parametrize("head_dim,causal,dtype,group,seq_len", CASES[::3])
@@ -161,11 +162,8 @@ def test_deterministic_mode_matches_the_oracle_and_repeats_bitwise(head_dim, cau
     NaN-poisoned buffers give the first run's dq, dk and dv bit for bit."""
     import torch
 
-    inputs, want = problem(head_dim, causal, dtype, group, seq_len)
-    first = pipelined.attention_bwd(*inputs, causal, deterministic=True,
-                                    **poisoned_grads(*inputs[:3]))
-    for name, got, ref in zip(("dq", "dk", "dv"), first, want):
-        assert grad_error(got, ref) < TOLERANCE[dtype], name
+    inputs, first = assert_case_matches_the_oracle(head_dim, causal, dtype, group, seq_len,
+                                                   deterministic=True)
     for _ in range(20):
         again = pipelined.attention_bwd(*inputs, causal, deterministic=True,
                                         **poisoned_grads(*inputs[:3]))
