@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from ws_lab import emit, oracle, registry, shapes
-from ws_lab.kernels.fwd import fp8
+from ws_lab.kernels.fwd import coop, coop_overlap, fp8
 from ws_lab.kernels.fwd.barriers import NamedBarrier
 from ws_lab.postproc import drop_anchor_fences
 
@@ -139,31 +139,38 @@ def test_the_rs_design_takes_p_from_registers_at_224_keys_without_spills(tmp_pat
         assert f"__sync_thread_partial({int(barrier)}, 128)" not in emitted.source
 
 
+# the per-row shift of P's exp2 as TileLang emits it: (row_max[..] * the scale: FP8's run-time
+# scale_log2[_n], bf16's constant), then " - 0x1p+3f" where FP8_PROB_LOG2_OFFSET is folded in
+PROB_SHIFT = re.compile(r"make_float2\(\(*row_max(?:_\d+)?\[[^]]*\] \* [\w.+-]+(?:/\*[^*]*\*/)?\)"
+                        r"( - 0x1p\+3f)?")
+
+
 @pytest.mark.parametrize("design", fp8.DESIGNS)
-def test_every_fp8_design_shifts_p_up_by_the_offset_and_the_bf16_kernel_does_not(design):
+def test_every_fp8_design_shifts_p_up_by_the_offset(design):
     """P = exp2(s·scale − (max·scale − 8)) in each FP8 design (FA3's Max_offset: e4m3 P in
-    [0, 256]), the offset in the per-row shift, not per element; the bf16 coop-overlap
-    kernel's shift has no offset (the lse taking it back out: tests/ws/test_fp8.py)."""
+    [0, 256]), the offset in the per-row shift, not per element (the lse taking it back out:
+    tests/ws/test_fp8.py)."""
     shape = shapes.Shape("fp8-codegen", 1, 4, 2, 127, 64, 64, True, "bfloat16")
     source = emit.lower_variant(design, shape, fp8.prim_func_for(shape, design=design),
                                 fp8.PASS_CONFIGS).source
-    shifts = re.findall(r"make_float2\(\(*row_max(?:_\d+)?\[[^]]*\] \* (scale_log2(?:_\d+)?)\)"
-                        r"( - 0x1p\+3f)?", source)
-    assert shifts and all(offset for _, offset in shifts), shifts
-    bf16 = shapes.Shape("bf16-codegen", 1, 4, 2, 127, 64, 64, True, "bfloat16")
-    cfg = fp8.coop.Config(128, 2, True)
-    plain = emit.lower_variant("coop-overlap", bf16, fp8.coop.coop_fwd(
-        1, 127, 4, 2, 64, 64, True, "bfloat16", 0.125, cfg, fp8.coop_overlap.overlap_mainloop()),
-        fp8.coop.PASS_CONFIGS).source
-    assert "row_max" in plain and "0x1p+3f" not in plain
+    offsets = PROB_SHIFT.findall(source)
+    assert offsets and all(offsets), offsets
+
+
+def test_the_bf16_coop_kernel_shifts_p_by_its_row_max_only():
+    shape = shapes.Shape("bf16-codegen", 1, 4, 2, 127, 64, 64, True, "bfloat16")
+    func = coop.coop_fwd(1, 127, 4, 2, 64, 64, True, "bfloat16", 0.125, coop.Config(128, 2, True),
+                         coop_overlap.overlap_mainloop())
+    offsets = PROB_SHIFT.findall(emit.lower_variant("coop-overlap", shape, func,
+                                                    coop.PASS_CONFIGS).source)
+    assert offsets and not any(offsets), offsets
 
 
 def test_the_fp8_offset_refuses_a_lazy_rescale():
     """A lazy rescale lets P reach 2^8 before the offset's 2^8: past e4m3's 448."""
     with pytest.raises(ValueError, match="FP8 forward takes no lazy rescale"):
-        fp8.coop.coop_fwd(1, 127, 4, 2, 64, 64, True, fp8.coop.FP8_DTYPE, 0.125,
-                          fp8.coop_config_for(True),
-                          fp8.coop_overlap.overlap_mainloop(lazy_rescale=True))
+        coop.coop_fwd(1, 127, 4, 2, 64, 64, True, coop.FP8_DTYPE, 0.125,
+                      fp8.coop_config_for(True), coop_overlap.overlap_mainloop(lazy_rescale=True))
 
 
 def test_fp8_forward_refuses_bad_inputs_before_a_launch():
