@@ -534,7 +534,8 @@ def attention_bwd(q, k, v, out, dout, lse, causal=False, softmax_scale=None, *, 
         return dq, dk, dv
     kv_rows = (batch, dims.seq_len, dims.kv_heads, dims.head_dim, dims.tl_dtype)
     # split heads add dK and dV into fp32 accumulators (one memset clears both)
-    kv_accum = (torch.zeros((2, *prepost.dq_accum_shape(dims.batch, *kv_rows[1:4])),
+    kv_accum = (torch.zeros((2, *prepost.dq_accum_shape(dims.batch, dims.seq_len, dims.kv_heads,
+                                                         dims.head_dim)),
                             dtype=torch.float32, device=q.device)
                 if config.head_splits > 1 else None)
     dk_out, dv_out = (dk, dv) if kv_accum is None else kv_accum.unbind(0)
