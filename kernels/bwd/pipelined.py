@@ -6,7 +6,8 @@ K/V tile of one KV head and loops over the Q tiles of every query head of its gr
 dV are summed over the group in registers (no atomics, no second pass), and written once in the
 input dtype. dQ leaves each step FA3's way: the fp32 tile is staged in shared memory and one
 thread adds it into the accumulator with one bulk reduce-add (``dq_stager``); ``prepost``
-clears the accumulator (beside Δ) and casts it to q's dtype (FA3's two small kernels).
+clears the accumulator (beside Δ·scale and lse·log2 e) and casts it to q's dtype (FA3's two
+small kernels).
 
 Roles (TileLang's automatic warp specialization of the ``T.Pipelined`` loop, sm_90a):
   2 consumer warpgroups, 64 K/V rows each               setmaxnreg 240
@@ -17,10 +18,11 @@ twice a step around dQ's staging tile, once after the loop; with ``Config.dq_pla
 ``BWD_DQ_WG1`` / ``WG2``, a warpgroup's 128 threads each).
 
 The five GEMMs of a step, with the K/V tile as the M side (rows i: keys; columns j: queries):
-  Sᵀ = K Qᵀ (SS)            Pᵀ = exp2(Sᵀ·scale·log2 e − lse_j·log2 e), 0 past S or the diagonal
+  Sᵀ = K Qᵀ (SS)            Pᵀ = exp2(Sᵀ·scale·log2 e − (lse·log2 e)_j), 0 past S or the diagonal
   dV += Pᵀ dO (RS)          dPᵀ = V dOᵀ (SS), issued after dV so Sᵀ, Pᵀ and dPᵀ are never
                             all live (the other order spilled at 64 Q rows a step)
-  dSᵀ = Pᵀ ∘ (dPᵀ − Δ_j) · scale, Δ = rowsum(dO ∘ O)
+  dSᵀ = Pᵀ ∘ (dPᵀ·scale − (Δ·scale)_j), Δ = rowsum(dO ∘ O); lse·log2 e and Δ·scale come
+                            from ``prepost.preprocess`` so each is one FFMA an element
   dK += dSᵀ Q (SS)          dQ = dS K (SS, dSᵀ read transposed), issued just before dK;
                             staged → bulk reduce-add between their waits, under dK's GEMM
 Shared memory at D 128 and the default tiles (bm 128 K/V rows, bn 64 Q rows, 2 stages): K and
@@ -102,10 +104,6 @@ class Config:
     # by bulk reduce-add, cast afterwards (TileOPs' one head a CTA, for grids too small or too
     # uneven to fill the SMs; the rule is ``heuristics.head_splits``).
     head_splits: int = 1
-    # Sᵀ and dPᵀ issued together and P's exp2 run while dPᵀ is in flight (TileOPs' order).
-    # At D 128 that order spilled and serialized every wgmma (below); at D 64 dK and dV hold
-    # 32 registers each, not 64. Off until measured (notes/bwd.md, "Session 51").
-    s_dp_together: bool = False
 
 
 # 2 consumer warpgroups of 64 K/V rows each, 64 Q rows a step: Sᵀ, dPᵀ and dQ 32 registers a
@@ -120,7 +118,8 @@ DQ_DEFAULT = Config(block_kv=64, block_q=128, threads=256, num_stages=2)
 
 def flash_bwd(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softmax_scale,
               cfg: Config = DEFAULT, with_dq: bool = True):
-    """The main kernel: (Q, K, V, dO, LSE (B, Hq, S) natural log, Δ (B, Hq, S)) -> dQ_accum
+    """The main kernel: (Q, K, V, dO, lse·log2 e and Δ·scale (B, Hq, S), from
+    ``prepost.preprocess``) -> dQ_accum
     (fp32, added to), dK, dV (dtype; with ``cfg.head_splits`` > 1, fp32 accumulators shaped as
     ``prepost.dq_accum_shape`` over the KV heads, added to). Without ``with_dq`` (the
     deterministic mode) it has no dQ parameter and computes dK and dV only: ``flash_bwd_dq``
@@ -151,7 +150,7 @@ def flash_bwd(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softmax_
         return functools.reduce(operator.or_, conds) if conds else False
 
     @T.macro
-    def body(Q, K, V, dO, LSE, Delta, dQ, dK, dV):
+    def body(Q, K, V, dO, LSElog2, DeltaScaled, dQ, dK, dV):
         slots = kv_heads * splits  # (KV head, head split) pairs
         with T.Kernel(*kv_grid(n_kvtiles, slots, batch, causal), threads=cfg.threads) as (
                 gx, gy):
@@ -193,37 +192,24 @@ def flash_bwd(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softmax_
                 mask_step = masked(qt, bx)
                 T.copy(Q[bz, qt * bn:(qt + 1) * bn, h, :], q_s)
                 T.copy(dO[bz, qt * bn:(qt + 1) * bn, h, :], do_s)
-                T.copy(LSE[bz, h, qt * bn:(qt + 1) * bn], lse_s)
-                T.copy(Delta[bz, h, qt * bn:(qt + 1) * bn], delta_s)
-                if cfg.s_dp_together:
-                    T.wgmma_gemm(k_s, q_s, st, transpose_B=True, clear_accum=True,
-                                 policy=T.GemmWarpPolicy.FullRow)
-                    T.wgmma_gemm(v_s, do_s, dpt, transpose_B=True, clear_accum=True,
-                                 policy=T.GemmWarpPolicy.FullRow)
-                    T.wait_wgmma(1)
-                    T.warpgroup_fence_operand(st, num_regs=bm * bn // cfg.threads)
-                else:
-                    T.clear(st)
-                    _gemm(k_s, q_s, st, transpose_B=True)
+                T.copy(LSElog2[bz, h, qt * bn:(qt + 1) * bn], lse_s)
+                T.copy(DeltaScaled[bz, h, qt * bn:(qt + 1) * bn], delta_s)
+                T.clear(st)
+                _gemm(k_s, q_s, st, transpose_B=True)
                 for i, j in T.Parallel(bm, bn):
-                    st[i, j] = T.exp2(st[i, j] * scale_log2 - lse_s[j] * LOG2E)
+                    st[i, j] = T.exp2(st[i, j] * scale_log2 - lse_s[j])
                 if mask_step:
                     for i, j in T.Parallel(bm, bn):
                         st[i, j] = T.if_then_else(live(bx * bm + i, qt * bn + j), st[i, j], 0)
                 T.copy(st, pt)
-                if cfg.s_dp_together:
-                    T.wait_wgmma(0)
-                    T.warpgroup_fence_operand(dpt, num_regs=bm * bn // cfg.threads)
-                    _gemm(pt, do_s, dv)
-                else:
-                    _gemm(pt, do_s, dv)
-                    T.clear(dpt)
-                    _gemm(v_s, do_s, dpt, transpose_B=True)
+                _gemm(pt, do_s, dv)
+                T.clear(dpt)
+                _gemm(v_s, do_s, dpt, transpose_B=True)
                 for i, j in T.Parallel(bm, bn):
-                    dst[i, j] = st[i, j] * (dpt[i, j] - delta_s[j]) * softmax_scale
-                if mask_step:  # again: Δ past S is not data
-                    for i, j in T.Parallel(bm, bn):
-                        dst[i, j] = T.if_then_else(live(bx * bm + i, qt * bn + j), dst[i, j], 0)
+                    dst[i, j] = st[i, j] * (dpt[i, j] * softmax_scale - delta_s[j])
+                # no second mask: Pᵀ is 0 wherever the mask is, and past S the V, dO, lse and Δ
+                # rows load as zeros (a TMA tile's fill or a guarded load), so dPᵀ and Δ are
+                # finite and dSᵀ is 0 there too (notes/bwd.md, "Session 52")
                 # dSᵀ goes through shared memory once and both GEMMs read it there: copying an
                 # RS operand fragment to shared memory writes wrong data (tilelang #2954)
                 T.copy(dst, ds_s)
@@ -273,19 +259,20 @@ def flash_bwd(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softmax_
 
     if with_dq:
         @T.prim_func
-        def main(Q: q_t(), K: kv_t(), V: kv_t(), dO: q_t(), LSE: row_t(), Delta: row_t(),
+        def main(Q: q_t(), K: kv_t(), V: kv_t(), dO: q_t(), LSElog2: row_t(),
+                 DeltaScaled: row_t(),
                  dQ: T.Tensor(prepost.dq_accum_shape(batch, seq_len, heads, head_dim,
                                                      cfg.dq_planes), accum),
                  dK: dkv_t(),
                  dV: dkv_t()):
-            body(Q, K, V, dO, LSE, Delta, dQ, dK, dV)
+            body(Q, K, V, dO, LSElog2, DeltaScaled, dQ, dK, dV)
 
         return main
 
     @T.prim_func
-    def main_dkdv(Q: q_t(), K: kv_t(), V: kv_t(), dO: q_t(), LSE: row_t(), Delta: row_t(),
-                  dK: dkv_t(), dV: dkv_t()):
-        body(Q, K, V, dO, LSE, Delta, None, dK, dV)
+    def main_dkdv(Q: q_t(), K: kv_t(), V: kv_t(), dO: q_t(), LSElog2: row_t(),
+                  DeltaScaled: row_t(), dK: dkv_t(), dV: dkv_t()):
+        body(Q, K, V, dO, LSElog2, DeltaScaled, None, dK, dV)
 
     return main_dkdv
 
@@ -400,8 +387,8 @@ def flash_bwd_dq(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softm
         K: T.Tensor([batch, seq_len, kv_heads, head_dim], dtype),
         V: T.Tensor([batch, seq_len, kv_heads, head_dim], dtype),
         dO: T.Tensor([batch, seq_len, heads, head_dim], dtype),
-        LSE: T.Tensor([batch, heads, seq_len], accum),
-        Delta: T.Tensor([batch, heads, seq_len], accum),
+        LSElog2: T.Tensor([batch, heads, seq_len], accum),
+        DeltaScaled: T.Tensor([batch, heads, seq_len], accum),
         dQ: T.Tensor([batch, seq_len, heads, head_dim], dtype),
     ):
         with T.Kernel(T.ceildiv(seq_len, bm), heads, batch, threads=cfg.threads) as (bx, h, bz):
@@ -419,8 +406,8 @@ def flash_bwd_dq(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softm
 
             T.copy(Q[bz, bx * bm:(bx + 1) * bm, h, :], q_s)
             T.copy(dO[bz, bx * bm:(bx + 1) * bm, h, :], do_s)
-            T.copy(LSE[bz, h, bx * bm:(bx + 1) * bm], lse_s)
-            T.copy(Delta[bz, h, bx * bm:(bx + 1) * bm], delta_s)
+            T.copy(LSElog2[bz, h, bx * bm:(bx + 1) * bm], lse_s)
+            T.copy(DeltaScaled[bz, h, bx * bm:(bx + 1) * bm], delta_s)
             T.clear(dq)
             # K/V tiles right of the diagonal never meet this Q tile
             steps = T.min(n_ktiles, T.ceildiv((bx + 1) * bm, bn)) if causal else n_ktiles
@@ -434,8 +421,8 @@ def flash_bwd_dq(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softm
                 for i, j in T.Parallel(bm, bn):
                     ds[i, j] = T.if_then_else(
                         live(kt * bn + j, bx * bm + i),
-                        T.exp2(s[i, j] * scale_log2 - lse_s[i] * LOG2E)
-                        * (dp[i, j] - delta_s[i]) * softmax_scale, 0)
+                        T.exp2(s[i, j] * scale_log2 - lse_s[i])
+                        * (dp[i, j] * softmax_scale - delta_s[i]), 0)
                 T.gemm(ds, k_s, dq, policy=T.GemmWarpPolicy.FullRow)
             T.copy(dq, dq_s)
             T.copy(dq_s, dQ[bz, bx * bm:(bx + 1) * bm, h, :])
@@ -486,8 +473,9 @@ def attention_bwd(q, k, v, out, dout, lse, causal=False, softmax_scale=None, *, 
                   dq_config: Config = DQ_DEFAULT, dynamic_batch: bool = False):
     """(dq, dk, dv) of BSHD GQA attention, in q's dtype: q (B, S, Hq, D), k / v (B, S, Hkv, D),
     the forward's out and the upstream dout (B, S, Hq, D), lse (B, Hq, S) fp32 natural log.
-    Δ = rowsum(dout ∘ out) and the cleared fp32 dQ accumulator come from ``prepost.preprocess``,
-    dQ's cast from ``prepost.postprocess`` (FA3's two small kernels). ``dq`` / ``dk`` / ``dv``:
+    Δ·scale = rowsum(dout ∘ out)·scale, lse·log2 e and the cleared fp32 dQ accumulator come
+    from ``prepost.preprocess``, dQ's cast from ``prepost.postprocess`` (FA3's two small
+    kernels). ``dq`` / ``dk`` / ``dv``:
     output buffers shaped as q / k / v (every element is written). ``deterministic``: dQ from
     ``flash_bwd_dq`` (a fixed order; bitwise repeatable) instead of the main kernel's
     reduce-adds, which land in no fixed order, at two recomputed GEMMs a step.
@@ -526,11 +514,14 @@ def attention_bwd(q, k, v, out, dout, lse, causal=False, softmax_scale=None, *, 
                dims.tl_dtype, dims.softmax_scale)
     dq = torch.empty_like(q) if dq is None else dq
     rows = (batch, dims.seq_len, dims.heads, dims.head_dim, dims.tl_dtype)
-    delta = torch.empty(want, dtype=torch.float32, device=q.device)
+    pre_rows = (*rows, dims.softmax_scale)
+    delta_scaled, lse_log2 = torch.empty((2, *want), dtype=torch.float32,
+                                         device=q.device).unbind(0)
     if deterministic:
-        prepost.compiled_preprocess(*rows, clear_dq=False)(out, dout, delta)
-        compiled(*problem, config, with_dq=False)(q, k, v, dout, lse, delta, dk, dv)
-        compiled_dq(*problem, dq_config)(q, k, v, dout, lse, delta, dq)
+        prepost.compiled_preprocess(*pre_rows, clear_dq=False)(out, dout, lse, delta_scaled,
+                                                               lse_log2)
+        compiled(*problem, config, with_dq=False)(q, k, v, dout, lse_log2, delta_scaled, dk, dv)
+        compiled_dq(*problem, dq_config)(q, k, v, dout, lse_log2, delta_scaled, dq)
         return dq, dk, dv
     kv_rows = (batch, dims.seq_len, dims.kv_heads, dims.head_dim, dims.tl_dtype)
     # split heads add dK and dV into fp32 accumulators (one memset clears both)
@@ -543,8 +534,9 @@ def attention_bwd(q, k, v, out, dout, lse, causal=False, softmax_scale=None, *, 
     dq_accum = torch.empty(prepost.dq_accum_shape(dims.batch, dims.seq_len, dims.heads,
                                                   dims.head_dim, planes),
                            dtype=torch.float32, device=q.device)
-    prepost.compiled_preprocess(*rows, planes=planes)(out, dout, delta, dq_accum)
-    compiled(*problem, config)(q, k, v, dout, lse, delta, dq_accum, dk_out, dv_out)
+    prepost.compiled_preprocess(*pre_rows, planes=planes)(out, dout, lse, delta_scaled,
+                                                          lse_log2, dq_accum)
+    compiled(*problem, config)(q, k, v, dout, lse_log2, delta_scaled, dq_accum, dk_out, dv_out)
     prepost.compiled_postprocess(*rows, planes)(dq_accum, dq)
     if kv_accum is not None:
         prepost.compiled_postprocess(*kv_rows, 1)(dk_out, dk)

@@ -4,9 +4,11 @@ FA3 counterparts: ``hopper/flash_bwd_preprocess_kernel.h`` and
 ``hopper/flash_bwd_postprocess_kernel.h``, without their warp roles (one warpgroup, no
 barriers beyond TileLang's own):
 
-- ``preprocess``: Δ = rowsum(dO ∘ O) in fp32 (B, Hq, S), and (``clear_dq``) the zeroed fp32
-  dQ accumulator the main kernel's bulk reduce-adds add into. A CTA takes ``ROWS`` rows of one
-  head; shared memory: none (fragments only).
+- ``preprocess``: Δ·scale = rowsum(dO ∘ O)·scale and lse·log2 e in fp32 (B, Hq, S), the
+  forms the main kernels use (P = exp2(S·scale·log2 e − lse·log2 e) and dS = P ∘ (dP·scale −
+  Δ·scale) are one FFMA an element each: FA3's ``softmax_lse_log2``), and (``clear_dq``) the
+  zeroed fp32 dQ accumulator the main kernel's bulk reduce-adds add into. A CTA takes ``ROWS``
+  rows of one head; shared memory: none (fragments only).
 - ``postprocess``: the accumulator cast to q's dtype, ``ROWS`` rows of one head a CTA, through a
   (ROWS, D) shared tile for a TMA store.
 
@@ -21,7 +23,7 @@ import functools
 
 import tilelang.language as T
 
-from ws_lab.kernels import batch_extent
+from ws_lab.kernels import LOG2E, batch_extent
 from ws_lab.target import compile_sm90a
 
 ROWS = 64  # rows of one head a CTA: 64 × 128 fp32 accumulator elements, 64 a thread
@@ -39,27 +41,35 @@ def dq_accum_shape(batch, seq_len, heads, head_dim, planes=1):
     return batch, heads, planes, rows, head_dim // planes + DQ_PAD
 
 
-def preprocess(batch, seq_len, heads, head_dim, dtype, clear_dq: bool = True, planes: int = 1):
-    """Δ from O and dO; with ``clear_dq`` (the main kernel's dQ path) also the zeroed
-    accumulator of ``planes`` planes. ``batch`` may be ``DYNAMIC_BATCH``."""
+def preprocess(batch, seq_len, heads, head_dim, dtype, softmax_scale, clear_dq: bool = True,
+               planes: int = 1):
+    """(O, dO, LSE) -> Δ·scale and lse·log2 e (the module docstring); with ``clear_dq`` (the
+    main kernel's dQ path) also the zeroed accumulator of ``planes`` planes. ``batch`` may be
+    ``DYNAMIC_BATCH``."""
     batch = batch_extent(batch)
     accum = "float"
     accum_shape = dq_accum_shape(batch, seq_len, heads, head_dim, planes)
     width = head_dim // planes
 
     @T.macro
-    def body(O, dO, Delta, dQ):
+    def body(O, dO, LSE, DeltaScaled, LSElog2, dQ):
         with T.Kernel(T.ceildiv(seq_len, ROWS), heads, batch, threads=THREADS) as (bx, h, bz):
             o = T.alloc_fragment([ROWS, head_dim], dtype)
             do = T.alloc_fragment([ROWS, head_dim], dtype)
             prod = T.alloc_fragment([ROWS, head_dim], accum)
             delta = T.alloc_fragment([ROWS], accum)
+            lse = T.alloc_fragment([ROWS], accum)
             T.copy(O[bz, bx * ROWS:(bx + 1) * ROWS, h, :], o)
             T.copy(dO[bz, bx * ROWS:(bx + 1) * ROWS, h, :], do)
+            T.copy(LSE[bz, h, bx * ROWS:(bx + 1) * ROWS], lse)
             for i, d in T.Parallel(ROWS, head_dim):
                 prod[i, d] = T.Cast(accum, o[i, d]) * T.Cast(accum, do[i, d])
             T.reduce_sum(prod, delta, dim=1)
-            T.copy(delta, Delta[bz, h, bx * ROWS:(bx + 1) * ROWS])
+            for i in T.Parallel(ROWS):
+                delta[i] = delta[i] * softmax_scale
+                lse[i] = lse[i] * LOG2E
+            T.copy(delta, DeltaScaled[bz, h, bx * ROWS:(bx + 1) * ROWS])
+            T.copy(lse, LSElog2[bz, h, bx * ROWS:(bx + 1) * ROWS])
             if clear_dq:
                 zeros = T.alloc_fragment([ROWS, width], accum)
                 T.clear(zeros)
@@ -69,20 +79,22 @@ def preprocess(batch, seq_len, heads, head_dim, dtype, clear_dq: bool = True, pl
     def o_t():  # one per parameter: a shared T.Tensor object makes O and dO one buffer
         return T.Tensor([batch, seq_len, heads, head_dim], dtype)
 
-    delta_t = T.Tensor([batch, heads, seq_len], accum)
+    def row_t():
+        return T.Tensor([batch, heads, seq_len], accum)
+
     if clear_dq:
         @T.prim_func
-        def main(O: o_t(), dO: o_t(), Delta: delta_t,
+        def main(O: o_t(), dO: o_t(), LSE: row_t(), DeltaScaled: row_t(), LSElog2: row_t(),
                  dQ: T.Tensor(accum_shape, accum)):
-            body(O, dO, Delta, dQ)
+            body(O, dO, LSE, DeltaScaled, LSElog2, dQ)
 
         return main
 
     @T.prim_func
-    def main_delta(O: o_t(), dO: o_t(), Delta: delta_t):
-        body(O, dO, Delta, None)
+    def main_rows(O: o_t(), dO: o_t(), LSE: row_t(), DeltaScaled: row_t(), LSElog2: row_t()):
+        body(O, dO, LSE, DeltaScaled, LSElog2, None)
 
-    return main_delta
+    return main_rows
 
 
 def postprocess(batch, seq_len, heads, head_dim, dtype, planes: int = 1):

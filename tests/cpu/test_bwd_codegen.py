@@ -36,27 +36,12 @@ def test_backward_compiles_to_five_wgmma_gemms_without_spills(tmp_path, head_dim
     assert sorted(set(summary.setmaxnreg)) == ["DEALLOC 24", "TRY_ALLOC 240"]
     assert summary.spill_bytes == 0 and summary.stack_frame == 0, summary.format()
     assert emitted.threads == cfg.threads + 128  # the consumers and TileLang's producer
-
-
-@needs_nvcc
-def test_s_and_dp_together_run_the_exp2s_under_dp_at_d64_without_spills(tmp_path):
-    """``Config(s_dp_together=True)`` on the Qwen row's split kernel (D 64): Sᵀ and dPᵀ issued
-    as one group of two, a wait for Sᵀ (DEPBAR.LE 1), every one of a thread's 32 exp2s, then
-    the wait for dPᵀ; the same GEMMs, no spill. The default waits after each GEMM."""
-    import dataclasses
-
-    shape = shapes.Shape("bwd-codegen", 8, 14, 2, 456, 64, 64, True, "bfloat16")
-    planned = pipelined.planned_config(8, 456, 14, 2, True, 132)
-    summaries = {}
-    for together in (False, True):
-        cfg = dataclasses.replace(planned, s_dp_together=together)
-        emitted = emit.lower_variant("bwd-pipelined", shape, pipelined.prim_func_for(shape, cfg),
-                                     pipelined.PASS_CONFIGS)
-        summaries[together] = emit.inspect(emitted, tmp_path / str(together))
-        assert summaries[together].spill_bytes == 0, summaries[together].format()
-    assert summaries[True].hgmma == summaries[False].hgmma
-    assert summaries[True].ex2_between_waits[:1] == [64 * 128 // 256]  # a thread's Pᵀ
-    assert summaries[False].ex2_between_waits == [0]  # only the dK / dQ pair's window
+    # Pᵀ's exponent and dSᵀ's difference from the preprocess's lse·log2 e and Δ·scale: an FFMA
+    # an element each, Pᵀ ∘ that an FMUL, and one mask, on fp32 Pᵀ (notes/bwd.md, "Session 52")
+    (loop,) = summary.gemm_loops
+    per_thread = cfg.block_kv * cfg.block_q // cfg.threads
+    floats = tuple(loop.opcodes[op] for op in ("FFMA", "FMUL", "FADD", "FSEL"))
+    assert floats == (2 * per_thread, per_thread, 0, per_thread if causal or ragged else 0), loop
 
 
 @needs_nvcc
@@ -86,19 +71,19 @@ def test_deterministic_mode_compiles_to_wgmma_without_spills(tmp_path, head_dim,
 @needs_nvcc
 @pytest.mark.parametrize("planes", [1, 2])
 def test_pre_and_postprocess_compile_and_bound_a_ragged_sequence(tmp_path, planes):
-    """Δ and the cleared accumulator, and dQ's cast, lower and compile without spills at a
-    ragged S (1000 = 15 tiles of 64 and 40 rows): each access of O, dO and Δ is guarded by
-    the row bound (125 groups of 8 rows), the accumulator (rows up to 1024, the next multiple
-    of 128; one plane or a warpgroup's each) needs none, and the cast leaves by TMA store
-    (bounded by the tensor map)."""
+    """Δ·scale, lse·log2 e and the cleared accumulator, and dQ's cast, lower and compile
+    without spills at a ragged S (1000 = 15 tiles of 64 and 40 rows): each access of O, dO,
+    lse, Δ·scale and lse·log2 e is guarded by the row bound (125 groups of 8 rows), the
+    accumulator (rows up to 1024, the next multiple of 128; one plane or a warpgroup's each)
+    needs none, and the cast leaves by TMA store (bounded by the tensor map)."""
     shape = shapes.Shape("bwd-prepost", 2, 8, 2, 1000, 128, 128, False, "bfloat16")
     pre, pre_delta, post = (emit.lower_variant("bwd-pipelined", shape, f, None) for f in (
-        prepost.preprocess(2, 1000, 8, 128, "bfloat16", planes=planes),
-        prepost.preprocess(2, 1000, 8, 128, "bfloat16", clear_dq=False),
+        prepost.preprocess(2, 1000, 8, 128, "bfloat16", 0.088, planes=planes),
+        prepost.preprocess(2, 1000, 8, 128, "bfloat16", 0.088, clear_dq=False),
         prepost.postprocess(2, 1000, 8, 128, "bfloat16", planes)))
     assert "dQ" in pre.source and "dQ" not in pre_delta.source
     bounds = [e.source.count("< 125") for e in (pre, pre_delta, post)]
-    assert bounds == [3, 3, 0], bounds
+    assert bounds == [5, 5, 0], bounds
     assert prepost.dq_accum_shape(2, 1000, 8, 128, planes) == (2, 8, planes, 1024,
                                                                128 // planes + prepost.DQ_PAD)
     with pytest.raises(ValueError, match="planes must split head_dim 64"):
@@ -159,8 +144,9 @@ def test_every_backward_kernel_has_a_buffer_per_parameter():
 
     args = (2, 1000, 8, 2, 128, True, "bfloat16", 0.088)
     for func in (pipelined.flash_bwd(*args), pipelined.flash_bwd(*args, with_dq=False),
-                 pipelined.flash_bwd_dq(*args), prepost.preprocess(2, 1000, 8, 128, "bfloat16"),
-                 prepost.preprocess(2, 1000, 8, 128, "bfloat16", clear_dq=False),
+                 pipelined.flash_bwd_dq(*args),
+                 prepost.preprocess(2, 1000, 8, 128, "bfloat16", 0.088),
+                 prepost.preprocess(2, 1000, 8, 128, "bfloat16", 0.088, clear_dq=False),
                  prepost.postprocess(2, 1000, 8, 128, "bfloat16")):
         require_distinct_buffers(func)
         assert len({b.name for b in func.buffer_map.values()}) == len(func.params)
@@ -353,8 +339,8 @@ def _op_kernels(batch):
     return {
         "fwd": (fwd.flash_fwd(*args[:5], 64, *args[5:], fwd.config_for(64, 64, True),
                               with_lse=True), None),
-        "pre": (prepost.preprocess(*rows, planes=pipelined.DEFAULT.dq_planes), None),
-        "pre_delta": (prepost.preprocess(*rows, clear_dq=False), None),
+        "pre": (prepost.preprocess(*rows, 0.125, planes=pipelined.DEFAULT.dq_planes), None),
+        "pre_delta": (prepost.preprocess(*rows, 0.125, clear_dq=False), None),
         "main": (pipelined.flash_bwd(*args), pipelined.PASS_CONFIGS),
         # planned_config at this shape and batch 1: the group split in 4
         "main_split": (pipelined.flash_bwd(*args, dataclasses.replace(pipelined.DEFAULT,
@@ -393,3 +379,19 @@ def test_the_training_ops_kernels_take_the_batch_at_launch(tmp_path):
     assert summaries[0].hgmma == summaries[1].hgmma
     assert summaries[0].registers == summaries[1].registers
     assert summaries[1].spill_bytes == 0 and summaries[1].stack_frame == 0
+
+
+@pytest.mark.parametrize("seq_len", [1000, 127])
+def test_the_rows_past_s_reach_shared_memory_as_zeros(seq_len):
+    """The main kernel masks Pᵀ only: dSᵀ = Pᵀ ∘ (dPᵀ·scale − Δ·scale) is 0 where Pᵀ is only
+    if, past S, V and dO arrive as zeros (TMA tile loads: the tensor map fills past its bound
+    with zeros) and lse·log2 e and Δ·scale do too: TMA tile loads where S rows are 16-byte
+    aligned (1000), else guarded loads whose other branch stores 0 (127)."""
+    func = pipelined.flash_bwd(2, seq_len, 8, 2, 64, True, "bfloat16", 0.125)
+    source = emit.lower_prim_func(func, pipelined.PASS_CONFIGS).kernel_source
+    assert "tma_load(V_desc" in source and "tma_load(dO_desc" in source
+    for rows in ("LSElog2", "DeltaScaled"):
+        guarded = re.findall(rf"(condval\w*) = {rows}\[.*\n\s*\}} else \{{\n\s*\1 = 0x0p\+0f",
+                             source)
+        assert (f"tma_load({rows}_desc" in source, len(guarded)) == (
+            (True, 0) if seq_len % 4 == 0 else (False, 1)), rows
