@@ -39,9 +39,9 @@ Grid (``kv_grid``): causal, every head's K/V tile 0 (the longest walk) launches 
   the K/V tile; only the tiles that straddle the diagonal and the ragged last Q and K/V tiles
   are masked.
   Compiled with fast math (ex2.approx.ftz for Pᵀ). Correct on the H100 over the grid of
-  tests/ws/test_bwd.py; 0.92–0.94 × TileOPs' backward on the full rows, 0.83–0.86 × on the
-  causal ones, level with cuDNN on the 8B rows (notes/bwd.md, "Session 50"); on the Qwen row
-  0.98 × TileOPs split 7 ways, 0.66 × whole ("Session 51").
+  tests/ws/test_bwd.py; 0.94–0.96 × TileOPs' backward on the full rows, 0.86–0.89 × on the
+  causal ones, level with cuDNN on the 8B rows; on the Qwen row 0.993 × TileOPs split 7 ways
+  (notes/bwd.md, "Session 52"; 0.66 × whole, "Session 51").
 
 Deterministic mode (``attention_bwd(..., deterministic=True)``): the main kernel without dQ
 (``with_dq=False``: four GEMMs), then ``flash_bwd_dq``, FA2's separate dQ pass in place of FA3's
