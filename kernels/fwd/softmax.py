@@ -113,7 +113,7 @@ def softmax_probs(acc_s, row_max, row_max_prev, row_rescale, rows, cols, scale_l
                 row_max_prev[i])
     for i in T.Parallel(rows):
         row_rescale[i] = T.exp2(row_max_prev[i] * scale_log2 - row_max[i] * scale_log2)
-    if prob_log2_offset != 0.0:
+    if prob_log2_offset != 0.0:  # a branch, so the bf16 kernels' CUDA carries no "- 0"
         for i, j in T.Parallel(rows, cols):
             acc_s[i, j] = T.exp2(acc_s[i, j] * scale_log2 - (row_max[i] * scale_log2
                                                                - prob_log2_offset))
