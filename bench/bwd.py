@@ -18,4 +18,4 @@ QWEN_TRAIN = shapes.register(shapes.Shape("qwen0.5b-train", 8, 14, 2, 456, 64, 6
 ROWS = ["train8b-4k", "train8b-8k", "llama8b-4k", "llama8b-8k", QWEN_TRAIN.name]
 
 if __name__ == "__main__":
-    bench.main(["bwd-pipelined"], ROWS, sys.argv[1:], suite=bench_bwd.BACKWARD)
+    bench.main(["bwd-pipelined", "bwd-ws"], ROWS, sys.argv[1:], suite=bench_bwd.BACKWARD)

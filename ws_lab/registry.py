@@ -58,7 +58,12 @@ class Kernel:
 
     @property
     def pass_configs(self) -> dict:
-        """TileLang pass configs the family compiles with (emit lowers with the same)."""
+        """TileLang pass configs the variant compiles with (emit lowers with the same): the
+        module's ``pass_configs_for(**options)`` where a family's variants differ, else its
+        PASS_CONFIGS."""
+        per_variant = getattr(self._mod(), "pass_configs_for", None)
+        if per_variant is not None:
+            return per_variant(**dict(self.options))
         return getattr(self._mod(), "PASS_CONFIGS", {})
 
     @property
@@ -95,7 +100,8 @@ _register("coop-overlap-nopp", "ws_lab.kernels.fwd.coop_overlap", pingpong=False
 _register("coop-overlap-persistent", "ws_lab.kernels.fwd.coop_overlap", pingpong=True, persistent=True)
 _register("largehdv", "ws_lab.kernels.fwd.largehdv")
 _register("triton-mha", "ws_lab.kernels.fwd.triton_mha")
-_register("bwd-pipelined", "ws_lab.kernels.bwd.pipelined", kind="bwd")
+_register("bwd-pipelined", "ws_lab.kernels.bwd.pipelined", kind="bwd", backend="pipelined")
+_register("bwd-ws", "ws_lab.kernels.bwd.pipelined", kind="bwd", backend="ws")
 _register("fp8", "ws_lab.kernels.fwd.fp8", kind="fp8")
 _register("fp8-coop", "ws_lab.kernels.fwd.fp8", kind="fp8", design="coop-overlap")
 _register("fp8-coop-persistent", "ws_lab.kernels.fwd.fp8", kind="fp8",

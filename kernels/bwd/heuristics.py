@@ -27,3 +27,22 @@ def head_splits(batch, seq_len, kv_heads, group, causal, block_kv, block_q, sms)
         if longest * sms <= total * kv_heads * batch:
             return s
     return divisors[-1]
+
+
+def kv_fill(kv_heads, n_kvtiles, causal, sms) -> int:
+    """``tile_scheduler.grouped_kv_tile``'s group for ``ws``: causal, the most KV heads (a
+    divisor of ``kv_heads``, so any batch fills whole groups) whose K/V tiles fit one wave of
+    ``sms`` CTAs, so a wave reads their Q / dO and adds into their dQ rows only (TileOPs'
+    rule); full, 1: a unit's CTAs already walk the same Q tiles together."""
+    if not causal:
+        return 1
+    fits = [f for f in range(1, kv_heads + 1) if kv_heads % f == 0 and f * n_kvtiles <= sms]
+    return max(fits, default=1)
+
+
+def backend(ws_runs: bool, config_given: bool, deterministic: bool) -> str:
+    """``attention_bwd``'s main kernel when the call names none: ``ws`` wherever it runs the
+    call (D 128, S a multiple of 128) and no ``pipelined`` option is asked for; measured 1.01–
+    1.04 × ``pipelined`` on the full 8B rows and 1.04–1.09 × on the causal ones (notes/bwd.md,
+    "Session 53")."""
+    return "ws" if ws_runs and not config_given and not deterministic else "pipelined"

@@ -40,8 +40,8 @@ Grid (``kv_grid``): causal, every head's K/V tile 0 (the longest walk) launches 
   are masked.
   Compiled with fast math (ex2.approx.ftz for Pᵀ). Correct on the H100 over the grid of
   tests/ws/test_bwd.py; 0.94–0.96 × TileOPs' backward on the full rows, 0.86–0.89 × on the
-  causal ones, level with cuDNN on the 8B rows; on the Qwen row 0.993 × TileOPs split 7 ways
-  (notes/bwd.md, "Session 52"; 0.66 × whole, "Session 51").
+  causal ones (where ``attention_bwd`` now runs ``ws``, "Session 53"); on the Qwen row 0.993 ×
+  TileOPs split 7 ways (notes/bwd.md, "Session 52"; 0.66 × whole, "Session 51").
 
 Deterministic mode (``attention_bwd(..., deterministic=True)``): the main kernel without dQ
 (``with_dq=False``: four GEMMs), then ``flash_bwd_dq``, FA2's separate dQ pass in place of FA3's
@@ -66,7 +66,8 @@ from ws_lab import postproc
 from ws_lab.check import (Support, head_dims_supported, require_device,
                           validate_attention_inputs)
 from ws_lab.kernels import DYNAMIC_BATCH, LOG2E, batch_extent
-from ws_lab.kernels.bwd import heuristics, prepost
+from ws_lab.kernels.bwd import heuristics, prepost, ws
+from ws_lab.kernels.bwd.tile_scheduler import kv_grid, kv_tile, q_walk, slot_heads
 from ws_lab.kernels.fwd.barriers import NamedBarrier
 from ws_lab.target import compile_sm90a
 
@@ -320,40 +321,6 @@ def dq_stager(block_q, head_dim, threads, planes):
     return stage_dq, drain_dq
 
 
-def q_walk(it, steps, first, first_head, heads, n_qtiles, heads_inner):
-    """(query head, Q tile) of a CTA's step ``it`` of ``heads · steps``, over query heads
-    ``first_head`` … ``first_head + heads − 1`` and Q tiles ``first`` … ``n_qtiles − 1``
-    (``Config.heads_inner`` says in which order)."""
-    if heads_inner:
-        return first_head + it % heads, n_qtiles - 1 - it // heads
-    return first_head + it // steps, first + it % steps
-
-
-def slot_heads(slot, splits, group):
-    """(KV head, first query head of its walk) of a grid slot when each KV head's group of
-    ``group`` query heads is split over ``splits`` CTAs (``Config.head_splits``)."""
-    kv_head = slot // splits
-    return kv_head, kv_head * group + slot % splits * (group // splits)
-
-
-def kv_grid(n_kvtiles, kv_heads, batch, causal):
-    """The main kernel's grid (``kv_heads`` counts (KV head, head split) slots where the group
-    is split: ``Config.head_splits``). Causal: (KV head, batch) on x, K/V tiles on y, so every
-    head's K/V tile 0 (the longest walk: every Q tile) launches before any tile 1 (FA3's heaviest
-    first); with the tiles on x the last heads' long tiles waited for a second wave
-    (notes/bwd.md, "Session 36"). Full: the K/V tiles on x, so a head's CTAs run together and
-    share its Q and dO tiles in L2."""
-    if causal:
-        return kv_heads * batch, n_kvtiles
-    return n_kvtiles, kv_heads * batch
-
-
-def kv_tile(gx, gy, n_kvtiles, kv_heads, causal):
-    """(K/V tile, KV head, batch) of the CTA at (blockIdx.x, blockIdx.y) of ``kv_grid``."""
-    tile, head_batch = (gy, gx) if causal else (gx, gy)
-    return tile, head_batch % kv_heads, head_batch // kv_heads
-
-
 def _gemm(a, b, c, **kw):
     return T.gemm(a, b, c, policy=T.GemmWarpPolicy.FullRow, **kw)
 
@@ -430,8 +397,13 @@ def flash_bwd_dq(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softm
     return main
 
 
-def supports(shape) -> Support:
-    return head_dims_supported(shape.head_dim, shape.head_dim_v, HEAD_DIMS)
+def supports(shape, backend: str = "pipelined") -> Support:
+    """Whether ``backend``'s main kernel runs the shape (``attention_bwd``'s ``backend``)."""
+    support = head_dims_supported(shape.head_dim, shape.head_dim_v, HEAD_DIMS)
+    if backend == "ws" and support:
+        why = ws.supports_problem(shape.seq_len, shape.head_dim)
+        return Support(f"bwd-ws does not run {why}") if why else support
+    return support
 
 
 def planned_config(batch, seq_len, heads, kv_heads, causal, sms) -> Config:
@@ -442,11 +414,18 @@ def planned_config(batch, seq_len, heads, kv_heads, causal, sms) -> Config:
         sms))
 
 
-def prim_func_for(shape, config: Config = DEFAULT):
+def prim_func_for(shape, config: Config = DEFAULT, backend: str = "pipelined"):
     """The main kernel's prim_func for a named shape (the CPU codegen checks and ``emit`` lower
     it)."""
+    if backend == "ws":
+        return ws.prim_func_for(shape)
     return flash_bwd(shape.batch, shape.seq_len, shape.heads, shape.kv_heads, shape.head_dim,
                      shape.causal, shape.dtype, 1.0 / math.sqrt(shape.head_dim), config)
+
+
+def pass_configs_for(backend: str = "pipelined") -> dict:
+    """The pass configs ``backend``'s main kernel compiles with (``registry``, ``emit``)."""
+    return ws.PASS_CONFIGS if backend == "ws" else PASS_CONFIGS
 
 
 def _compile(func, cfg: Config):
@@ -470,7 +449,8 @@ def compiled_dq(*args):
 
 def attention_bwd(q, k, v, out, dout, lse, causal=False, softmax_scale=None, *, dq=None,
                   dk=None, dv=None, deterministic=False, config: Config | None = None,
-                  dq_config: Config = DQ_DEFAULT, dynamic_batch: bool = False):
+                  dq_config: Config = DQ_DEFAULT, dynamic_batch: bool = False,
+                  backend: str | None = None):
     """(dq, dk, dv) of BSHD GQA attention, in q's dtype: q (B, S, Hq, D), k / v (B, S, Hkv, D),
     the forward's out and the upstream dout (B, S, Hq, D), lse (B, Hq, S) fp32 natural log.
     Δ·scale = rowsum(dout ∘ out)·scale, lse·log2 e and the cleared fp32 dQ accumulator come
@@ -481,7 +461,10 @@ def attention_bwd(q, k, v, out, dout, lse, causal=False, softmax_scale=None, *, 
     GEMMs a step.
     ``dynamic_batch``: one set of kernels for every batch (B a launch argument). ``config``:
     the main kernel's; None: ``planned_config`` for this device's SMs (a dynamic batch plans
-    for batch 1), or ``DEFAULT`` in the deterministic mode (notes/bwd.md, "Session 51")."""
+    for batch 1), or ``DEFAULT`` in the deterministic mode (notes/bwd.md, "Session 51").
+    ``backend``: the main kernel, "pipelined" (``flash_bwd``) or "ws" (``ws.flash_bwd_ws``,
+    explicit roles; S a multiple of 128, D 128, neither ``config`` nor ``deterministic``);
+    None: ``heuristics.backend``'s pick."""
     dims = validate_attention_inputs(q, k, v, supported_head_dims=HEAD_DIMS,
                                      softmax_scale=softmax_scale, causal=causal, devices="any")
     q_like = f"{q.dtype} tensor of q's shape {tuple(q.shape)}"
@@ -501,6 +484,10 @@ def attention_bwd(q, k, v, out, dout, lse, causal=False, softmax_scale=None, *, 
     if deterministic and config is not None and config.head_splits > 1:
         raise ValueError("the deterministic mode takes head_splits 1: split heads add dK and "
                          "dV in no fixed order")
+    if backend is None:
+        backend = heuristics.backend(ws.supports_problem(dims.seq_len, dims.head_dim) is None,
+                                     config is not None, deterministic)
+    _check_backend(backend, dims, config, deterministic)
     require_device(q.device, "cuda")
     if config is None:
         config = DEFAULT if deterministic else planned_config(
@@ -523,6 +510,8 @@ def attention_bwd(q, k, v, out, dout, lse, causal=False, softmax_scale=None, *, 
         compiled(*problem, config, with_dq=False)(q, k, v, dout, lse_log2, delta_scaled, dk, dv)
         compiled_dq(*problem, dq_config)(q, k, v, dout, lse_log2, delta_scaled, dq)
         return dq, dk, dv
+    if backend == "ws":
+        return _run_ws(q, k, v, out, dout, lse, (dq, dk, dv), problem, delta_scaled, lse_log2)
     kv_rows = (batch, dims.seq_len, dims.kv_heads, dims.head_dim, dims.tl_dtype)
     # split heads add dK and dV into fp32 accumulators (one memset clears both)
     kv_accum = (torch.zeros((2, *prepost.dq_accum_shape(dims.batch, dims.seq_len, dims.kv_heads,
@@ -542,3 +531,31 @@ def attention_bwd(q, k, v, out, dout, lse, causal=False, softmax_scale=None, *, 
         prepost.compiled_postprocess(*kv_rows, 1)(dk_out, dk)
         prepost.compiled_postprocess(*kv_rows, 1)(dv_out, dv)
     return dq, dk, dv
+
+
+def _check_backend(backend, dims, config, deterministic):
+    if backend not in ("pipelined", "ws"):
+        raise ValueError(f"backend must be 'pipelined' or 'ws', not {backend!r}")
+    if backend != "ws":
+        return
+    why = ws.supports_problem(dims.seq_len, dims.head_dim)
+    if why or config is not None or deterministic:
+        raise ValueError("backend 'ws' does not run "
+                         + (why or "a config or the deterministic mode (pipelined's options)"))
+
+
+def _run_ws(q, k, v, out, dout, lse, grads, problem, delta_scaled, lse_log2):
+    """The non-deterministic path on ``ws``'s main kernel (its dQ accumulator in 2 planes):
+    ``problem`` is ``flash_bwd``'s leading arguments, ``grads`` the (dq, dk, dv) buffers."""
+    batch, seq_len, heads, kv_heads, head_dim, causal, dtype, scale = problem
+    rows = (batch, seq_len, heads, head_dim, dtype)
+    dq_accum = torch.empty(prepost.dq_accum_shape(q.shape[0], seq_len, heads, head_dim,
+                                                  ws.PLANES),
+                           dtype=torch.float32, device=q.device)
+    prepost.compiled_preprocess(*rows, scale, planes=ws.PLANES)(out, dout, lse, delta_scaled,
+                                                                lse_log2, dq_accum)
+    fill = heuristics.kv_fill(kv_heads, seq_len // ws.BLOCK_KV, causal,
+                              torch.cuda.get_device_properties(q.device).multi_processor_count)
+    ws.compiled(*problem, fill)(q, k, v, dout, lse_log2, delta_scaled, dq_accum, *grads[1:])
+    prepost.compiled_postprocess(*rows, ws.PLANES)(dq_accum, grads[0])
+    return grads

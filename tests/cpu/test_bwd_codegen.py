@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ws_lab import emit, shapes
-from ws_lab.kernels.bwd import pipelined, prepost
+from ws_lab.kernels.bwd import pipelined, prepost, tile_scheduler
 from ws_lab.kernels.fwd.barriers import NamedBarrier
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
@@ -237,8 +237,8 @@ def test_every_kv_tile_runs_once_and_causal_launches_the_longest_first(causal):
     mask, blocks launching x-fastest put every head's K/V tile 0 (the longest walk) ahead of
     any tile 1."""
     n_kvtiles, kv_heads, batch = 5, 3, 2
-    gx_n, gy_n = pipelined.kv_grid(n_kvtiles, kv_heads, batch, causal)
-    launched = [pipelined.kv_tile(gx, gy, n_kvtiles, kv_heads, causal)
+    gx_n, gy_n = tile_scheduler.kv_grid(n_kvtiles, kv_heads, batch, causal)
+    launched = [tile_scheduler.kv_tile(gx, gy, n_kvtiles, kv_heads, causal)
                 for gy in range(gy_n) for gx in range(gx_n)]
     assert sorted(launched) == sorted(itertools.product(range(n_kvtiles), range(kv_heads),
                                                         range(batch)))
@@ -252,7 +252,7 @@ def test_every_walk_visits_each_head_and_q_tile_once(heads_inner):
     run from the last down, the group's heads together on each."""
     group, n_qtiles, first, first_head = 4, 9, 3, 8
     steps = n_qtiles - first
-    walk = [pipelined.q_walk(it, steps, first, first_head, group, n_qtiles, heads_inner)
+    walk = [tile_scheduler.q_walk(it, steps, first, first_head, group, n_qtiles, heads_inner)
             for it in range(group * steps)]
     assert sorted(walk) == sorted(itertools.product(range(8, 12), range(first, n_qtiles)))
     tiles = [qt for _, qt in walk]
@@ -266,13 +266,13 @@ def test_split_groups_walk_every_head_of_every_kv_head_once(splits):
     once, each query head under its own KV head."""
     n_kvtiles, kv_heads, batch, group = 3, 2, 2, 4
     slots, walk_heads = kv_heads * splits, group // splits
-    gx_n, gy_n = pipelined.kv_grid(n_kvtiles, slots, batch, True)
+    gx_n, gy_n = tile_scheduler.kv_grid(n_kvtiles, slots, batch, True)
     seen = []
     for gy, gx in itertools.product(range(gy_n), range(gx_n)):
-        tile, slot, b = pipelined.kv_tile(gx, gy, n_kvtiles, slots, True)
-        kvh, first_head = pipelined.slot_heads(slot, splits, group)
+        tile, slot, b = tile_scheduler.kv_tile(gx, gy, n_kvtiles, slots, True)
+        kvh, first_head = tile_scheduler.slot_heads(slot, splits, group)
         for it in range(walk_heads):
-            h, _ = pipelined.q_walk(it, 1, 0, first_head, walk_heads, 1, False)
+            h, _ = tile_scheduler.q_walk(it, 1, 0, first_head, walk_heads, 1, False)
             assert h // group == kvh
             seen.append((h, tile, b))
     assert sorted(seen) == sorted(itertools.product(range(kv_heads * group), range(n_kvtiles),

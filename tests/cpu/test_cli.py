@@ -204,8 +204,9 @@ def test_rollout_bench_without_a_gpu_writes_the_step_kernels_static_report(tmp_p
 def test_bwd_bench_without_a_gpu_writes_the_backwards_static_report(tmp_path):
     records, _ = _static_json(tmp_path, "bench/bwd.py", "--shape", "train8b-4k", "--dtype",
                               "bf16")
-    assert [r["kernel"] for r in records] == ["bwd-pipelined"]
-    assert "64x128x16.F32.BF16.RS" in records[0]["report"]
+    assert [r["kernel"] for r in records] == ["bwd-pipelined", "bwd-ws"]
+    assert all("64x128x16.F32.BF16.RS" in r["report"] for r in records)
+    assert "BAR 1," in records[1]["report"]  # bwd-ws: the barriers' init, nothing in its loop
 
 
 def test_coop_bench_in_fp8_writes_the_fp8_kernels_static_report(tmp_path):

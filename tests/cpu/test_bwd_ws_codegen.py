@@ -1,0 +1,96 @@
+"""bwd-ws (kernels/bwd/ws.py) lowers for sm_90a and compiles on a CPU as its docstring says:
+the five GEMMs on wgmma (dV with Pᵀ from registers, dQ as two 64-key GEMMs), the register
+split, no spill, every hand-over an mbarrier (no named barrier past the barriers' init), and
+the tile scheduler's grouped launch order covers every K/V tile once."""
+import itertools
+import re
+import shutil
+
+import pytest
+import torch
+
+from ws_lab import emit, registry, shapes
+from ws_lab.kernels.bwd import heuristics, pipelined, tile_scheduler, ws
+
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+
+
+@needs_nvcc
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_ws_backward_compiles_to_five_gemms_on_mbarriers_alone(tmp_path, causal):
+    shape = shapes.Shape("bwd-ws-codegen", 2, 8, 2, 1024, 128, 128, causal, "bfloat16")
+    kernel = registry.get("bwd-ws")
+    emitted = emit.lower_variant("bwd-ws", shape, kernel.prim_func(shape), kernel.pass_configs)
+    summary = emit.inspect(emitted, tmp_path)
+    k_s, k_q, k_half = 128 // 16, ws.BLOCK_Q // 16, ws.HALF // 16  # K of Sᵀ / dPᵀ, dV / dK, dQ
+    per_warpgroup_ss = 2 * k_s + 2 * k_half + k_q  # Sᵀ, dPᵀ, dQ's two halves, dK
+    ss = sum(n for kind, n in summary.hgmma.items() if not kind.endswith(".RS"))
+    rs = sum(n for kind, n in summary.hgmma.items() if kind.endswith(".RS"))
+    assert (ss, rs) == (2 * per_warpgroup_ss, 2 * k_q), summary.hgmma  # two consumer branches
+    assert sorted(set(summary.setmaxnreg)) == ["DEALLOC 24", "TRY_ALLOC 240"]
+    assert summary.spill_bytes == 0 and summary.stack_frame == 0, summary.format()
+    assert emitted.threads == ws.CONSUMER_THREADS + 128
+    assert summary.counts["BAR"] == 1, summary.format()  # the barriers' init only
+    assert len(summary.gemm_loops) == 2 and all(loop.opcodes["BAR"] == 0
+                                                for loop in summary.gemm_loops)
+    # the mbarriers' arrival counts, as the docstring's table gives them
+    inits = dict(re.findall(r"(\w+\[\d\])\.init\((\d+)\)", emitted.source))
+    assert inits == {"kv_full[0]": "32", "q_full[0]": "32", "q_full[1]": "32",
+                     "do_full[0]": "32", "do_full[1]": "32", "q_empty[0]": "256",
+                     "q_empty[1]": "256", "do_empty[0]": "256", "do_empty[1]": "256",
+                     "ds_ready[0]": "128", "ds_ready[1]": "128", "ds_ready[2]": "128",
+                     "ds_ready[3]": "128", "dq_full[0]": "128", "dq_full[1]": "128",
+                     "dq_empty[0]": "1", "dq_empty[1]": "1"}, inits
+
+
+@pytest.mark.parametrize("n_kvtiles,kv_heads,batch,fill", [(32, 8, 1, 4), (3, 2, 3, 2),
+                                                           (4, 8, 2, 1), (5, 4, 2, 8)])
+def test_the_grouped_launch_order_runs_every_kv_tile_once(n_kvtiles, kv_heads, batch, fill):
+    """Every (K/V tile, KV head, batch) once; within a group of ``fill`` units the tiles come
+    in order (tile 0, the longest causal walk, first); ``fill`` 1 is ``kv_grid``'s full order."""
+    units = kv_heads * batch
+    if units % fill:
+        fill = units
+    order = [tile_scheduler.grouped_kv_tile(t, n_kvtiles, kv_heads, fill)
+             for t in range(n_kvtiles * units)]
+    assert sorted(order) == sorted(itertools.product(range(n_kvtiles), range(kv_heads),
+                                                     range(batch)))
+    span = fill * n_kvtiles
+    for g in range(0, len(order), span):
+        tiles = [tile for tile, _, _ in order[g:g + span]]
+        assert tiles == sorted(tiles)
+    if fill == 1:
+        gx_n, gy_n = tile_scheduler.kv_grid(n_kvtiles, kv_heads, batch, False)
+        assert order == [tile_scheduler.kv_tile(gx, gy, n_kvtiles, kv_heads, False)
+                         for gy in range(gy_n) for gx in range(gx_n)]
+
+
+def test_the_fill_and_backend_rules():
+    """TileOPs' fill on the causal 8B rows (4 KV heads' tiles at 4k, 2 at 8k: one wave of 132
+    CTAs), 1 on full ones; ws wherever it runs unless a pipelined option is asked for."""
+    assert [heuristics.kv_fill(8, n, True, 132) for n in (32, 64)] == [4, 2]
+    assert heuristics.kv_fill(8, 32, False, 132) == 1
+    assert heuristics.kv_fill(6, 200, True, 132) == 1  # no group fits a wave: one KV head
+    assert heuristics.backend(True, False, False) == "ws"
+    assert {heuristics.backend(*a) for a in ((False, False, False), (True, True, False),
+                                             (True, False, True))} == {"pipelined"}
+
+
+def test_the_ws_backend_refuses_what_it_does_not_run():
+    """Before any launch (CPU tensors reach the check): a ragged S, D 64, pipelined's options,
+    an unknown backend."""
+    def call(s, d, **kw):
+        q = torch.zeros(1, s, 2, d, dtype=torch.float16)
+        k = torch.zeros(1, s, 1, d, dtype=torch.float16)
+        pipelined.attention_bwd(q, k, k, q, q, torch.zeros(1, 2, s), **kw)
+
+    with pytest.raises(ValueError, match="seq_len 127 is no multiple of 128"):
+        call(127, 128, backend="ws")
+    with pytest.raises(ValueError, match=r"head_dim 64 \(runs \(128,\)\)"):
+        call(128, 64, backend="ws")
+    with pytest.raises(ValueError, match="a config or the deterministic mode"):
+        call(128, 128, backend="ws", deterministic=True)
+    with pytest.raises(ValueError, match="backend must be 'pipelined' or 'ws'"):
+        call(128, 128, backend="tileops")
+    assert not registry.get("bwd-ws").supports(shapes.Shape("r", 1, 2, 1, 127, 128, 128, False,
+                                                             "bfloat16"))
