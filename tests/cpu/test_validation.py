@@ -96,4 +96,5 @@ def test_every_supports_answer_carries_its_reason():
     answers = [registry.get(n).supports(s) for n in registry.KERNELS for s in shapes.SHAPES.values()]
     assert all(isinstance(a, Support) for a in answers)
     refusals = [a for a in answers if not a]
-    assert refusals and all("(D, Dv)" in a.reason for a in refusals)
+    assert refusals and all("(D, Dv)" in a.reason or a.reason.startswith("bwd-ws does not run")
+                            for a in refusals)
