@@ -448,7 +448,7 @@ def compiled_dq(*args):
 
 
 def attention_bwd(q, k, v, out, dout, lse, causal=False, softmax_scale=None, *, dq=None,
-                  dk=None, dv=None, deterministic=False, config: Config | None = None,
+                  dk=None, dv=None, deterministic=False, config: Config | ws.Config | None = None,
                   dq_config: Config = DQ_DEFAULT, dynamic_batch: bool = False,
                   backend: str | None = None):
     """(dq, dk, dv) of BSHD GQA attention, in q's dtype: q (B, S, Hq, D), k / v (B, S, Hkv, D),
@@ -462,9 +462,9 @@ def attention_bwd(q, k, v, out, dout, lse, causal=False, softmax_scale=None, *, 
     ``dynamic_batch``: one set of kernels for every batch (B a launch argument). ``config``:
     the main kernel's; None: ``planned_config`` for this device's SMs (a dynamic batch plans
     for batch 1), or ``DEFAULT`` in the deterministic mode (notes/bwd.md, "Session 51").
-    ``backend``: the main kernel, "pipelined" (``flash_bwd``) or "ws" (``ws.flash_bwd_ws``,
-    explicit roles; S a multiple of 128, D 128, neither ``config`` nor ``deterministic``);
-    None: ``heuristics.backend``'s pick."""
+    ``backend``: the main kernel, "pipelined" (``flash_bwd``; ``config`` a ``Config``) or "ws"
+    (``ws.flash_bwd_ws``, explicit roles; S a multiple of 128, D 128, not ``deterministic``;
+    ``config`` a ``ws.Config``); None: ``heuristics.backend``'s pick."""
     dims = validate_attention_inputs(q, k, v, supported_head_dims=HEAD_DIMS,
                                      softmax_scale=softmax_scale, causal=causal, devices="any")
     q_like = f"{q.dtype} tensor of q's shape {tuple(q.shape)}"
@@ -481,15 +481,16 @@ def attention_bwd(q, k, v, out, dout, lse, causal=False, softmax_scale=None, *, 
     for name, buf in (("dq", dq), ("dk", dk), ("dv", dv)):  # written in place
         if buf is not None and not buf.is_contiguous():
             raise ValueError(f"{name} must be contiguous (the kernel writes it in place)")
+    if backend is None:  # a ws.Config names its backend
+        backend = "ws" if isinstance(config, ws.Config) else heuristics.backend(
+            ws.supports_problem(dims.seq_len, dims.head_dim) is None, config is not None,
+            deterministic)
+    _check_backend(backend, dims, config, deterministic)
     if deterministic and config is not None and config.head_splits > 1:
         raise ValueError("the deterministic mode takes head_splits 1: split heads add dK and "
                          "dV in no fixed order")
-    if backend is None:
-        backend = heuristics.backend(ws.supports_problem(dims.seq_len, dims.head_dim) is None,
-                                     config is not None, deterministic)
-    _check_backend(backend, dims, config, deterministic)
     require_device(q.device, "cuda")
-    if config is None:
+    if config is None and backend == "pipelined":
         config = DEFAULT if deterministic else planned_config(
             1 if dynamic_batch else dims.batch, dims.seq_len, dims.heads, dims.kv_heads, causal,
             torch.cuda.get_device_properties(q.device).multi_processor_count)
@@ -511,7 +512,8 @@ def attention_bwd(q, k, v, out, dout, lse, causal=False, softmax_scale=None, *, 
         compiled_dq(*problem, dq_config)(q, k, v, dout, lse_log2, delta_scaled, dq)
         return dq, dk, dv
     if backend == "ws":
-        return _run_ws(q, k, v, out, dout, lse, (dq, dk, dv), problem, delta_scaled, lse_log2)
+        return _run_ws(q, k, v, out, dout, lse, (dq, dk, dv), problem, delta_scaled, lse_log2,
+                       config or ws.DEFAULT)
     kv_rows = (batch, dims.seq_len, dims.kv_heads, dims.head_dim, dims.tl_dtype)
     # split heads add dK and dV into fp32 accumulators (one memset clears both)
     kv_accum = (torch.zeros((2, *prepost.dq_accum_shape(dims.batch, dims.seq_len, dims.kv_heads,
@@ -536,26 +538,34 @@ def attention_bwd(q, k, v, out, dout, lse, causal=False, softmax_scale=None, *, 
 def _check_backend(backend, dims, config, deterministic):
     if backend not in ("pipelined", "ws"):
         raise ValueError(f"backend must be 'pipelined' or 'ws', not {backend!r}")
+    want = ws.Config if backend == "ws" else Config
+    if config is not None and not isinstance(config, want):
+        raise TypeError(f"backend {backend!r} takes a {want.__module__}.Config, not "
+                        f"{type(config).__name__}")
     if backend != "ws":
         return
     why = ws.supports_problem(dims.seq_len, dims.head_dim)
-    if why or config is not None or deterministic:
-        raise ValueError("backend 'ws' does not run "
-                         + (why or "a config or the deterministic mode (pipelined's options)"))
+    if why or deterministic:
+        raise ValueError("backend 'ws' does not run " + (why or "the deterministic mode"))
+    if config is not None and config.dq_layout not in prepost.DQ_LAYOUTS:
+        raise ValueError(f"ws.Config.dq_layout must be one of {prepost.DQ_LAYOUTS}, not "
+                         f"{config.dq_layout!r}")
 
 
-def _run_ws(q, k, v, out, dout, lse, grads, problem, delta_scaled, lse_log2):
+def _run_ws(q, k, v, out, dout, lse, grads, problem, delta_scaled, lse_log2, cfg):
     """The non-deterministic path on ``ws``'s main kernel (its dQ accumulator in 2 planes):
     ``problem`` is ``flash_bwd``'s leading arguments, ``grads`` the (dq, dk, dv) buffers."""
     batch, seq_len, heads, kv_heads, head_dim, causal, dtype, scale = problem
     rows = (batch, seq_len, heads, head_dim, dtype)
     dq_accum = torch.empty(prepost.dq_accum_shape(q.shape[0], seq_len, heads, head_dim,
-                                                  ws.PLANES),
+                                                  ws.PLANES, cfg.dq_layout),
                            dtype=torch.float32, device=q.device)
-    prepost.compiled_preprocess(*rows, scale, planes=ws.PLANES)(out, dout, lse, delta_scaled,
-                                                                lse_log2, dq_accum)
-    fill = heuristics.kv_fill(kv_heads, seq_len // ws.BLOCK_KV, causal,
-                              torch.cuda.get_device_properties(q.device).multi_processor_count)
-    ws.compiled(*problem, fill)(q, k, v, dout, lse_log2, delta_scaled, dq_accum, *grads[1:])
-    prepost.compiled_postprocess(*rows, ws.PLANES)(dq_accum, grads[0])
+    prepost.compiled_preprocess(*rows, scale, planes=ws.PLANES, layout=cfg.dq_layout)(
+        out, dout, lse, delta_scaled, lse_log2, dq_accum)
+    fill = cfg.fill or heuristics.kv_fill(
+        kv_heads, seq_len // ws.BLOCK_KV, causal,
+        torch.cuda.get_device_properties(q.device).multi_processor_count)
+    ws.compiled(*problem, fill, cfg.dq_layout)(q, k, v, dout, lse_log2, delta_scaled, dq_accum,
+                                               *grads[1:])
+    prepost.compiled_postprocess(*rows, ws.PLANES, cfg.dq_layout)(dq_accum, grads[0])
     return grads

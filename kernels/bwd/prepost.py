@@ -18,6 +18,9 @@ p holds columns p·D/2 … of dQ, the part consumer warpgroup p of the main kern
 (FA3's per-warpgroup dQaccum). A Q tile of one head is one contiguous run a plane, added by
 one bulk reduce-add from a staging tile whose rows the pad keeps on distinct shared-memory
 banks. Rows past S and the pad columns only ever receive zeros' sums and are never read.
+The "swizzled" layout (``ws.Config.dq_layout``, 64-column planes) has no pad: each row's
+8-column groups are XORed by the row mod 8 (``stored_column``), which keeps the staging stores
+on distinct banks and the runs 1/9 shorter; the postprocess reads it back through the same map.
 """
 import functools
 
@@ -30,25 +33,38 @@ ROWS = 64  # rows of one head a CTA: 64 × 128 fp32 accumulator elements, 64 a t
 THREADS = 128
 DQ_PAD = 8  # fp32 columns after D: a staging row starts 8 banks after the one above it
 DQ_ROW_ALIGN = 128  # the accumulator's rows: S rounded up to this (a multiple of every block_q)
+DQ_LAYOUTS = ("padded", "swizzled")
+SWIZZLED_WIDTH = 64  # a swizzled plane's columns: 8 groups of 8, one per row mod 8
 
 
-def dq_accum_shape(batch, seq_len, heads, head_dim, planes=1):
+def dq_accum_shape(batch, seq_len, heads, head_dim, planes=1, layout="padded"):
     """The fp32 dQ accumulator's shape (see the module docstring)."""
     if planes < 1 or head_dim % (4 * planes):
         raise ValueError(f"the dQ accumulator's {planes} planes must split head_dim {head_dim} "
                          "into multiples of 4 columns")
+    if layout not in DQ_LAYOUTS or (layout == "swizzled"
+                                    and head_dim // planes != SWIZZLED_WIDTH):
+        raise ValueError(f"dQ layout {layout!r}: one of {DQ_LAYOUTS}, swizzled on planes of "
+                         f"{SWIZZLED_WIDTH} columns (head_dim {head_dim}, {planes} planes)")
     rows = -(-seq_len // DQ_ROW_ALIGN) * DQ_ROW_ALIGN
-    return batch, heads, planes, rows, head_dim // planes + DQ_PAD
+    return batch, heads, planes, rows, head_dim // planes + (DQ_PAD if layout == "padded" else 0)
+
+
+def stored_column(layout, row, col):
+    """The column of an accumulator plane that holds dQ's column ``col`` of row ``row``:
+    swizzled, col's 8-column group XORed by row mod 8, written so that col mod 8 stays an
+    addend (TileLang then keeps the staging stores vectorized)."""
+    return (col // 8 ^ row % 8) * 8 + col % 8 if layout == "swizzled" else col
 
 
 def preprocess(batch, seq_len, heads, head_dim, dtype, softmax_scale, clear_dq: bool = True,
-               planes: int = 1):
+               planes: int = 1, layout: str = "padded"):
     """(O, dO, LSE) -> Δ·scale and lse·log2 e (the module docstring); with ``clear_dq`` (the
     main kernel's dQ path) also the zeroed accumulator of ``planes`` planes. ``batch`` may be
     ``DYNAMIC_BATCH``."""
     batch = batch_extent(batch)
     accum = "float"
-    accum_shape = dq_accum_shape(batch, seq_len, heads, head_dim, planes)
+    accum_shape = dq_accum_shape(batch, seq_len, heads, head_dim, planes, layout)
     width = head_dim // planes
 
     @T.macro
@@ -97,16 +113,16 @@ def preprocess(batch, seq_len, heads, head_dim, dtype, softmax_scale, clear_dq: 
     return main_rows
 
 
-def postprocess(batch, seq_len, heads, head_dim, dtype, planes: int = 1):
-    """dQ in q's dtype from the fp32 accumulator of ``planes`` planes. ``batch`` may be
-    ``DYNAMIC_BATCH``."""
+def postprocess(batch, seq_len, heads, head_dim, dtype, planes: int = 1, layout: str = "padded"):
+    """dQ in q's dtype from the fp32 accumulator of ``planes`` planes in ``layout``. ``batch``
+    may be ``DYNAMIC_BATCH``."""
     batch = batch_extent(batch)
     accum = "float"
     width = head_dim // planes
 
     @T.prim_func
     def main(
-        dQaccum: T.Tensor(dq_accum_shape(batch, seq_len, heads, head_dim, planes), accum),
+        dQaccum: T.Tensor(dq_accum_shape(batch, seq_len, heads, head_dim, planes, layout), accum),
         dQ: T.Tensor([batch, seq_len, heads, head_dim], dtype),
     ):
         with T.Kernel(T.ceildiv(seq_len, ROWS), heads, batch, threads=THREADS) as (bx, h, bz):
@@ -114,7 +130,11 @@ def postprocess(batch, seq_len, heads, head_dim, dtype, planes: int = 1):
             cast = T.alloc_fragment([ROWS, width], dtype)
             tile = T.alloc_shared([ROWS, head_dim], dtype)
             for p in range(planes):
-                T.copy(dQaccum[bz, h, p, bx * ROWS:(bx + 1) * ROWS, 0:width], acc)
+                if layout == "swizzled":  # ROWS is a multiple of 8: row mod 8 is i mod 8
+                    for i, d in T.Parallel(ROWS, width):
+                        acc[i, d] = dQaccum[bz, h, p, bx * ROWS + i, stored_column(layout, i, d)]
+                else:
+                    T.copy(dQaccum[bz, h, p, bx * ROWS:(bx + 1) * ROWS, 0:width], acc)
                 T.copy(acc, cast)
                 T.copy(cast, tile[:, p * width:(p + 1) * width])
             T.copy(tile, dQ[bz, bx * ROWS:(bx + 1) * ROWS, h, :])
@@ -123,8 +143,8 @@ def postprocess(batch, seq_len, heads, head_dim, dtype, planes: int = 1):
 
 
 @functools.lru_cache(maxsize=None)
-def compiled_preprocess(*args, clear_dq=True, planes=1):
-    return compile_sm90a(preprocess(*args, clear_dq=clear_dq, planes=planes))
+def compiled_preprocess(*args, clear_dq=True, planes=1, layout="padded"):
+    return compile_sm90a(preprocess(*args, clear_dq=clear_dq, planes=planes, layout=layout))
 
 
 @functools.lru_cache(maxsize=None)

@@ -48,6 +48,7 @@ ones (notes/bwd.md, "Session 53").
 """
 import functools
 import math
+from dataclasses import dataclass
 
 import tilelang
 import tilelang.language as T
@@ -73,6 +74,19 @@ PLANES = 2  # dQ accumulator planes: one a consumer warpgroup
 HEAD_DIMS = (128,)
 
 
+@dataclass(frozen=True)
+class Config:
+    """``attention_bwd(backend="ws", config=...)``'s options."""
+    fill: int | None = None  # KV heads launched together; None: heuristics.kv_fill
+    # dQ accumulator's layout (``prepost.DQ_LAYOUTS``): "swizzled" drops the 8-column pad
+    # (1/9 of each reduce-add and of the pre / postprocess' bytes); not yet run on a GPU
+    # (notes/bwd.md, "Session 53")
+    dq_layout: str = "padded"
+
+
+DEFAULT = Config()
+
+
 def supports_problem(seq_len, head_dim) -> str | None:
     """None where this kernel runs the problem, else why not."""
     if head_dim not in HEAD_DIMS:
@@ -83,11 +97,11 @@ def supports_problem(seq_len, head_dim) -> str | None:
 
 
 def flash_bwd_ws(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softmax_scale,
-                 fill=1):
+                 fill=1, dq_layout="padded"):
     """(Q, K, V, dO, lse·log2 e, Δ·scale (B, Hq, S) from ``prepost.preprocess``) -> dQ_accum
     (fp32, 2 planes, added to), dK, dV (dtype). ``batch`` may be ``DYNAMIC_BATCH``.
     ``fill``: the KV heads whose K/V tiles launch together (``tile_scheduler.grouped_kv_tile``;
-    ``heuristics.kv_fill``)."""
+    ``heuristics.kv_fill``). ``dq_layout``: the accumulator's (``Config.dq_layout``)."""
     if kv_heads % fill:
         raise ValueError(f"fill {fill} must divide kv_heads {kv_heads}")
     why = supports_problem(seq_len, head_dim)
@@ -100,7 +114,9 @@ def flash_bwd_ws(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softm
     bn, half_d = BLOCK_Q, head_dim // PLANES
     n_qtiles = seq_len // bn
     n_kvtiles = seq_len // BLOCK_KV
-    dq_run_bytes = bn * (half_d + prepost.DQ_PAD) * 4
+    accum_shape = prepost.dq_accum_shape(batch, seq_len, heads, head_dim, PLANES, dq_layout)
+    dq_width = accum_shape[-1]  # a staging row: D / 2 and the pad, if any
+    dq_run_bytes = bn * dq_width * 4
 
     def first_qtile(bx):
         """The first Q tile that sees K/V tile ``bx`` (causal: the diagonal's)."""
@@ -206,7 +222,7 @@ def flash_bwd_ws(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softm
             T.mbarrier_arrive(do_empty[slot])
             T.mbarrier_wait_parity(dq_empty[w], (it % 2) ^ 1)
             for j, d in T.Parallel(bn, half_d):
-                dq_s[w, j, d] = dq[j, d]
+                dq_s[w, j, prepost.stored_column(dq_layout, j, d)] = dq[j, d]
             T.fence_proxy_async()
             T.mbarrier_arrive(dq_full[w])
             T.wait_wgmma(0)
@@ -226,8 +242,7 @@ def flash_bwd_ws(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softm
 
     @T.prim_func
     def main(Q: q_t(), K: kv_t(), V: kv_t(), dO: q_t(), LSElog2: row_t(), DeltaScaled: row_t(),
-             dQ: T.Tensor(prepost.dq_accum_shape(batch, seq_len, heads, head_dim, PLANES),
-                          accum),
+             dQ: T.Tensor(accum_shape, accum),
              dK: kv_t(), dV: kv_t()):
         with T.Kernel(n_kvtiles * kv_heads * batch, threads=CONSUMER_THREADS + 128) as t:
             bx, kvh, b = grouped_kv_tile(t, n_kvtiles, kv_heads, fill)
@@ -236,7 +251,7 @@ def flash_bwd_ws(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softm
             q_s = T.alloc_shared([2, bn, head_dim], dtype)
             do_s = T.alloc_shared([2, bn, head_dim], dtype)
             ds_s = T.alloc_shared([2, 2, HALF, bn], dtype)  # (slot, warpgroup)
-            dq_s = T.alloc_shared([PLANES, bn, half_d + prepost.DQ_PAD], accum)
+            dq_s = T.alloc_shared([PLANES, bn, dq_width], accum)
             lse_s = T.alloc_shared([2, bn], accum)
             dl_s = T.alloc_shared([2, bn], accum)
             T.annotate_layout({buf: make_swizzled_layout(buf)

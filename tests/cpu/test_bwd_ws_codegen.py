@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ws_lab import emit, registry, shapes
-from ws_lab.kernels.bwd import heuristics, pipelined, tile_scheduler, ws
+from ws_lab.kernels.bwd import heuristics, pipelined, prepost, tile_scheduler, ws
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 
@@ -88,9 +88,55 @@ def test_the_ws_backend_refuses_what_it_does_not_run():
         call(127, 128, backend="ws")
     with pytest.raises(ValueError, match=r"head_dim 64 \(runs \(128,\)\)"):
         call(128, 64, backend="ws")
-    with pytest.raises(ValueError, match="a config or the deterministic mode"):
+    with pytest.raises(ValueError, match="does not run the deterministic mode"):
         call(128, 128, backend="ws", deterministic=True)
     with pytest.raises(ValueError, match="backend must be 'pipelined' or 'ws'"):
         call(128, 128, backend="tileops")
+    with pytest.raises(TypeError, match="backend 'ws' takes a ws_lab.kernels.bwd.ws.Config"):
+        call(128, 128, backend="ws", config=pipelined.DEFAULT)
+    with pytest.raises(TypeError, match="backend 'pipelined' takes a"):
+        call(128, 128, backend="pipelined", config=ws.DEFAULT)
+    with pytest.raises(ValueError, match="dq_layout must be one of"):
+        call(128, 128, config=ws.Config(dq_layout="dense"))
+    with pytest.raises(ValueError, match="seq_len 127"):  # a ws.Config asks for ws
+        call(127, 128, config=ws.Config())
     assert not registry.get("bwd-ws").supports(shapes.Shape("r", 1, 2, 1, 127, 128, 128, False,
                                                              "bfloat16"))
+
+
+def test_the_swizzled_dq_staging_is_a_bank_conflict_free_permutation():
+    """``prepost.stored_column``'s swizzle: each row's 64 columns permuted, and each float2
+    store of the wgmma accumulator (lane l of a warp: rows l / 4 and l / 4 + 8 of its 16,
+    columns 8c + 2 (l mod 4) and + 1) reaching 2 wavefronts, the 256 B minimum, with no pad."""
+    for row in range(64):
+        assert sorted(prepost.stored_column("swizzled", row, c) for c in range(64)) == list(
+            range(64))
+    width = prepost.dq_accum_shape(1, 128, 1, 128, 2, "swizzled")[-1]
+    assert width == 64
+    for warp, half, group in itertools.product(range(4), range(2), range(8)):
+        banks = []
+        for lane in range(32):
+            row = warp * 16 + lane // 4 + 8 * half
+            col = prepost.stored_column("swizzled", row, 8 * group + 2 * (lane % 4))
+            word = row * width + col
+            banks += [word % 32, (word + 1) % 32]
+        assert max(banks.count(b) for b in range(32)) == 2, (warp, half, group)
+
+
+@needs_nvcc
+def test_the_swizzled_layout_keeps_its_stores_vectorized_in_less_shared_memory(tmp_path):
+    """``ws.Config(dq_layout="swizzled")``: the staging stays float2 stores, the postprocess
+    float4 loads, shared memory 4 KB smaller, no spill."""
+    shape = shapes.Shape("bwd-ws-swz", 2, 8, 2, 1024, 128, 128, True, "bfloat16")
+    swz = emit.lower_variant("bwd-ws", shape, ws.flash_bwd_ws(
+        2, 1024, 8, 2, 128, True, "bfloat16", 0.088, 2, "swizzled"), ws.PASS_CONFIGS)
+    pad = emit.lower_variant("bwd-ws", shape, ws.flash_bwd_ws(
+        2, 1024, 8, 2, 128, True, "bfloat16", 0.088, 2), ws.PASS_CONFIGS)
+    stores = [line for line in swz.source.splitlines() if "((float*)dq_s) +" in line]
+    assert stores and all(line.lstrip().startswith("*(float2*)") for line in stores)
+    post = emit.lower_prim_func(prepost.postprocess(2, 1024, 8, 128, "bfloat16", 2,
+                                                    "swizzled")).kernel_source
+    assert "*(float4*)(acc" in post
+    s_swz, s_pad = (emit.inspect(e, tmp_path / n) for e, n in ((swz, "swz"), (pad, "pad")))
+    assert s_pad.dyn_smem - s_swz.dyn_smem == 2 * 64 * prepost.DQ_PAD * 4
+    assert s_swz.spill_bytes == 0 and s_swz.stack_frame == 0, s_swz.format()

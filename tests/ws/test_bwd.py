@@ -108,6 +108,17 @@ def test_the_ws_backend_matches_the_oracle(head_dim, causal, dtype, group, seq_l
     assert_case_matches_the_oracle(head_dim, causal, dtype, group, seq_len, backend="ws")
 
 
+@pytest.mark.parametrize("head_dim,causal,dtype,group,seq_len", WS_CASES[1::2])
+def test_the_ws_swizzled_dq_accumulator_matches_the_oracle(head_dim, causal, dtype, group,
+                                                           seq_len):
+    """``ws.Config(dq_layout="swizzled")`` (no pad; not the default until measured): the same
+    bound, through the pre / postprocess of that layout."""
+    from ws_lab.kernels.bwd import ws
+
+    assert_case_matches_the_oracle(head_dim, causal, dtype, group, seq_len,
+                                   config=ws.Config(dq_layout="swizzled"))
+
+
 @pytest.mark.parametrize("head_dim,causal,dtype,group,seq_len", CASES[::3])
 def test_the_heads_inner_walk_matches_the_oracle(head_dim, causal, dtype, group, seq_len):
     """``Config(heads_inner=True)`` (off by default until measured): the same bound."""
@@ -354,14 +365,15 @@ for d, causal, s in ((64, True, 127), (128, False, 200)):
 SANITIZED_WS = """
 import torch
 from ws_lab import oracle
-from ws_lab.kernels.bwd import pipelined
+from ws_lab.kernels.bwd import pipelined, ws
 for causal, s in ((True, 256), (False, 384)):
     q = torch.randn(2, s, 8, 128, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(2, s, 2, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     dout = torch.randn_like(q)
     out, lse = oracle.attention_ref(q, k, v, causal=causal)
     want = oracle.attention_bwd_ref(q, k, v, dout, causal=causal)
-    for options in (dict(backend="ws"), dict(backend="ws", dynamic_batch=True)):
+    for options in (dict(backend="ws"), dict(backend="ws", dynamic_batch=True),
+                    dict(config=ws.Config(dq_layout="swizzled"))):
         grads = pipelined.attention_bwd(q, k, v, out.to(q.dtype), dout, lse.float(), causal,
                                         **options)
         assert all(oracle.rel_l2(g, w) < 2e-2 for g, w in zip(grads, want))
@@ -371,8 +383,8 @@ for causal, s in ((True, 256), (False, 384)):
 @pytest.mark.parametrize("tool", ["racecheck", "memcheck"])
 def test_sanitizers_find_nothing_on_the_ws_backend(tool):
     """``backend="ws"`` (mbarriers only, TileLang's syncs off), causal and full, a static and a
-    dynamic batch: no shared-memory hazard (racecheck) and no access out of bounds (memcheck)
-    in its main kernel or the pre / postprocess."""
+    dynamic batch and the swizzled dQ layout: no shared-memory hazard (racecheck) and no access
+    out of bounds (memcheck) in its main kernel or the pre / postprocess."""
     assert_sanitizer_clean(tool, SANITIZED_WS, kernels="main")
 
 
