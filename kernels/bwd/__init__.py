@@ -1,4 +1,5 @@
-"""The attention backward (FA3's ``hopper/flash_bwd_*``). ``pipelined.py``: a first TileLang
-backward on TileLang's automatic warp specialization, the baseline; the backward issue (#46)
-adds the preprocess, the explicitly warp-specialized main kernel and the postprocess here,
-reusing ``kernels/fwd``'s tile schedulers, barrier enum and pipeline state."""
+"""The attention backward (FA3's ``hopper/flash_bwd_*``): ``pipelined.py`` (the main kernel on
+TileLang's automatic warp specialization, and ``attention_bwd``, the op both kernels run
+under), ``ws.py`` (the main kernel with explicit roles and mbarriers, the default where it
+runs), ``prepost.py`` (the pre- and postprocess), ``tile_scheduler.py`` (grids and walks),
+``heuristics.py`` (the dispatch rules) and ``attention_op.py`` (the trainable torch op)."""
