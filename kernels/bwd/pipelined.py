@@ -547,9 +547,6 @@ def _check_backend(backend, dims, config, deterministic):
     why = ws.supports_problem(dims.seq_len, dims.head_dim)
     if why or deterministic:
         raise ValueError("backend 'ws' does not run " + (why or "the deterministic mode"))
-    if config is not None and config.dq_layout not in prepost.DQ_LAYOUTS:
-        raise ValueError(f"ws.Config.dq_layout must be one of {prepost.DQ_LAYOUTS}, not "
-                         f"{config.dq_layout!r}")
 
 
 def _run_ws(q, k, v, out, dout, lse, grads, problem, delta_scaled, lse_log2, cfg):

@@ -83,6 +83,11 @@ class Config:
     # (notes/bwd.md, "Session 53")
     dq_layout: str = "padded"
 
+    def __post_init__(self):
+        if self.dq_layout not in prepost.DQ_LAYOUTS:
+            raise ValueError(f"ws.Config.dq_layout must be one of {prepost.DQ_LAYOUTS}, not "
+                             f"{self.dq_layout!r}")
+
 
 DEFAULT = Config()
 
