@@ -18,7 +18,7 @@ p holds columns p·D/2 … of dQ, the part consumer warpgroup p of the main kern
 (FA3's per-warpgroup dQaccum). A Q tile of one head is one contiguous run a plane, added by
 one bulk reduce-add from a staging tile whose rows the pad keeps on distinct shared-memory
 banks. Rows past S and the pad columns only ever receive zeros' sums and are never read.
-The "swizzled" layout (``ws.Config.dq_layout``, 64-column planes) has no pad: each row's
+The "swizzled" layout (``ws.Config.dq_layout``'s default, 64-column planes) has no pad: each row's
 8-column groups are XORed by the row mod 8 (``stored_column``), which keeps the staging stores
 on distinct banks and the runs 1/9 shorter; the postprocess reads it back through the same map.
 """

@@ -21,11 +21,13 @@ the K/V tiles of ``fill`` KV heads together, tile 0 first (``tile_scheduler.grou
 and dQ adds stay within a few heads; 1.04–1.09 × every head's tiles together on the causal 8B
 rows, notes/bwd.md "Session 53").
 A consumer's step (slot = step mod 2), its 64 K/V rows as the GEMMs' M:
-  Sᵀ = K_w Qᵀ, dPᵀ = V_w dOᵀ (SS, issued together)
-  Pᵀ = exp2(Sᵀ·scale·log2 e − lse·log2 e) (masked on the diagonal's tiles); dSᵀ = Pᵀ ∘ (dPᵀ·scale
-       − Δ·scale) → its own dS tile ``ds_s[slot, w]``, ds_ready[slot, w]
+  Sᵀ = K_w Qᵀ, dPᵀ = V_w dOᵀ (SS, issued together); lse·log2 e (then Δ·scale) into registers
+       while they run
+  Pᵀ = exp2(Sᵀ·scale·log2 e − lse·log2 e) (masked on the diagonal's tiles; half the exponents
+       before dPᵀ's wait, half among dSᵀ's FMAs); dSᵀ = Pᵀ ∘ (dPᵀ·scale − Δ·scale) → its own dS
+       tile ``ds_s[slot, w]``, ds_ready[slot, w]
   dV += Pᵀ dO (RS); once the other warpgroup's dS tile is ready, dQ[:, w half] = Σ_i dS_i K_i[:,
-       w half] (SS, both 64-key halves); dK += dSᵀ Q (SS)
+       w half] (SS, both 64-key halves); dK += dSᵀ Q (RS: dSᵀ from registers, TileOPs' way)
   dV and dQ retire: do_empty; dQ → its plane ``dq_s[w]`` → dq_full[w] (the writer adds it into
   the accumulator plane w); dK retires: q_empty.
 Epilogue: dK and dV (the sum over the group) from registers straight to global memory.
@@ -38,13 +40,13 @@ Barriers (mbarriers; no named barrier in the kernel, TileLang's automatic syncs 
                    never laps the other's wait by a whole phase
   dq_full[w]       consumer w's dQ is in dq_s[w] (128); dq_empty[w] its reduce-add read it (1)
 Shared memory at D 128 (bm 128, bn 64, 2 slots): K and V 64 KB, Q and dO 64 KB, dS 32 KB, dQ
-  planes 2 × 64 × (64 + 8) fp32 = 36 KB, lse and Δ 1 KB: 198 KB (+ barriers).
+  planes 2 × 64 × 64 fp32 = 32 KB (swizzled; padded 36 KB), lse and Δ 1 KB: 194 KB (+ barriers).
 Runs S a multiple of 128 (no ragged tile), D 128, the group whole (``supports_problem``);
 ``pipelined.attention_bwd`` runs it there (``heuristics.backend``) and ``pipelined`` elsewhere.
 dQ's accumulator is ``prepost``'s, 2 planes (``prepost.dq_accum_shape``).
-Correct on the H100 (tests/ws/test_bwd.py, racecheck and memcheck); 1.03–1.09 ×
-``pipelined``, 0.97–0.98 × TileOPs' backward on the full 8B rows and 0.92–0.93 × on the causal
-ones (notes/bwd.md, "Session 53").
+Correct on the H100 (tests/ws/test_bwd.py, racecheck and memcheck); 0.98–1.01 × TileOPs'
+backward on train8b-4k, llama8b-4k and llama8b-8k, within the per-round spread (notes/bwd.md,
+"Session 54"; train8b-8k not yet timed with these changes).
 """
 import functools
 import math
@@ -79,9 +81,9 @@ class Config:
     """``attention_bwd(backend="ws", config=...)``'s options."""
     fill: int | None = None  # KV heads launched together; None: heuristics.kv_fill
     # dQ accumulator's layout (``prepost.DQ_LAYOUTS``): "swizzled" drops the 8-column pad
-    # (1/9 of each reduce-add and of the pre / postprocess' bytes); not yet run on a GPU
-    # (notes/bwd.md, "Session 53")
-    dq_layout: str = "padded"
+    # (1/9 of each reduce-add and of the pre / postprocess' bytes; 1.01–1.03 × "padded",
+    # notes/bwd.md "Session 54")
+    dq_layout: str = "swizzled"
 
     def __post_init__(self):
         if self.dq_layout not in prepost.DQ_LAYOUTS:
@@ -102,7 +104,7 @@ def supports_problem(seq_len, head_dim) -> str | None:
 
 
 def flash_bwd_ws(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softmax_scale,
-                 fill=1, dq_layout="padded"):
+                 fill=1, dq_layout="swizzled"):
     """(Q, K, V, dO, lse·log2 e, Δ·scale (B, Hq, S) from ``prepost.preprocess``) -> dQ_accum
     (fp32, 2 planes, added to), dK, dV (dtype). ``batch`` may be ``DYNAMIC_BATCH``.
     ``fill``: the KV heads whose K/V tiles launch together (``tile_scheduler.grouped_kv_tile``;
@@ -180,6 +182,8 @@ def flash_bwd_ws(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softm
                  do_full, q_empty, do_empty, ds_ready, dq_full, dq_empty, bx, kvh, b):
         st = T.alloc_fragment([HALF, bn], accum)  # Sᵀ, then Pᵀ
         dpt = T.alloc_fragment([HALF, bn], accum)
+        lse_r = T.alloc_fragment([HALF, bn], accum)  # lse·log2 e, Δ·scale by column, in Sᵀ's
+        dl_r = T.alloc_fragment([HALF, bn], accum)  # layout
         pt = T.alloc_fragment([HALF, bn], dtype)
         dst = T.alloc_fragment([HALF, bn], dtype)
         dq = T.alloc_fragment([bn, half_d], accum)
@@ -197,19 +201,31 @@ def flash_bwd_ws(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softm
             T.mbarrier_wait_parity(do_full[slot], phase)
             T.wgmma_gemm(v_s[w, :, :], do_s[slot, :, :], dpt, transpose_B=True,
                           clear_accum=True)
+            # read while Sᵀ is in flight: after the wait they would delay every exponent
+            for i, j in T.Parallel(HALF, bn):
+                lse_r[i, j] = lse_s[slot, j]
             T.wait_wgmma(1)
             T.warpgroup_fence_operand(st, num_regs=HALF * bn // 128)
             for i, j in T.Parallel(HALF, bn):
-                st[i, j] = T.exp2(st[i, j] * scale_log2 - lse_s[slot, j])
+                st[i, j] = st[i, j] * scale_log2 - lse_r[i, j]
             if causal:
                 if qt * bn < row0 + HALF:  # the tile meets the diagonal
                     for i, j in T.Parallel(HALF, bn):
-                        st[i, j] = T.if_then_else(row0 + i <= qt * bn + j, st[i, j], 0)
-            T.copy(st, pt)
+                        st[i, j] = T.if_then_else(row0 + i <= qt * bn + j, st[i, j],
+                                                  -T.infinity(accum))
+            # half the exponents while dPᵀ is in flight, half among dSᵀ's FMAs (MUFU beside FMA)
+            for i, j in T.Parallel(HALF, bn):
+                if j < bn // 2:
+                    st[i, j] = T.exp2(st[i, j])
+            for i, j in T.Parallel(HALF, bn):  # read while dPᵀ is in flight
+                dl_r[i, j] = dl_s[slot, j]
             T.wait_wgmma(0)
             T.warpgroup_fence_operand(dpt, num_regs=HALF * bn // 128)
             for i, j in T.Parallel(HALF, bn):
-                dst[i, j] = st[i, j] * (dpt[i, j] * softmax_scale - dl_s[slot, j])
+                if j >= bn // 2:
+                    st[i, j] = T.exp2(st[i, j])
+                dst[i, j] = st[i, j] * (dpt[i, j] * softmax_scale - dl_r[i, j])
+            T.copy(st, pt)
             T.copy(dst, ds_s[slot, w, :, :])
             T.fence_proxy_async()  # the generic-proxy stores, before any wgmma reads them
             T.mbarrier_arrive(ds_ready[slot * 2 + w])
@@ -220,7 +236,7 @@ def flash_bwd_ws(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softm
                          transpose_A=True, clear_accum=True)
             T.wgmma_gemm(ds_s[slot, 1, :, :], k_s[1, :, w * half_d:(w + 1) * half_d], dq,
                          transpose_A=True)
-            T.wgmma_gemm(ds_s[slot, w, :, :], q_s[slot, :, :], dk)
+            T.wgmma_gemm(dst, q_s[slot, :, :], dk)  # from registers: no dSᵀ read from smem
             T.wait_wgmma(1)  # dV and dQ retired; dK runs on
             T.warpgroup_fence_operand(dv, num_regs=HALF * head_dim // 128)
             T.warpgroup_fence_operand(dq, num_regs=bn * half_d // 128)
@@ -304,4 +320,5 @@ def prim_func_for(shape):
     and ``emit``)."""
     fill = heuristics.kv_fill(shape.kv_heads, shape.seq_len // BLOCK_KV, shape.causal, H100_SMS)
     return flash_bwd_ws(shape.batch, shape.seq_len, shape.heads, shape.kv_heads, shape.head_dim,
-                        shape.causal, shape.dtype, 1.0 / math.sqrt(shape.head_dim), fill)
+                        shape.causal, shape.dtype, 1.0 / math.sqrt(shape.head_dim), fill,
+                        DEFAULT.dq_layout)

@@ -109,14 +109,14 @@ def test_the_ws_backend_matches_the_oracle(head_dim, causal, dtype, group, seq_l
 
 
 @pytest.mark.parametrize("head_dim,causal,dtype,group,seq_len", WS_CASES[1::2])
-def test_the_ws_swizzled_dq_accumulator_matches_the_oracle(head_dim, causal, dtype, group,
-                                                           seq_len):
-    """``ws.Config(dq_layout="swizzled")`` (no pad; not the default until measured): the same
-    bound, through the pre / postprocess of that layout."""
+def test_the_ws_padded_dq_accumulator_matches_the_oracle(head_dim, causal, dtype, group,
+                                                         seq_len):
+    """``ws.Config(dq_layout="padded")`` (the 8-column pad; the swizzled layout is the
+    default): the same bound, through the pre / postprocess of that layout."""
     from ws_lab.kernels.bwd import ws
 
     assert_case_matches_the_oracle(head_dim, causal, dtype, group, seq_len,
-                                   config=ws.Config(dq_layout="swizzled"))
+                                   config=ws.Config(dq_layout="padded"))
 
 
 @pytest.mark.parametrize("head_dim,causal,dtype,group,seq_len", CASES[::3])
@@ -373,7 +373,7 @@ for causal, s in ((True, 256), (False, 384)):
     out, lse = oracle.attention_ref(q, k, v, causal=causal)
     want = oracle.attention_bwd_ref(q, k, v, dout, causal=causal)
     for options in (dict(backend="ws"), dict(backend="ws", dynamic_batch=True),
-                    dict(config=ws.Config(dq_layout="swizzled"))):
+                    dict(config=ws.Config(dq_layout="padded"))):
         grads = pipelined.attention_bwd(q, k, v, out.to(q.dtype), dout, lse.float(), causal,
                                         **options)
         assert all(oracle.rel_l2(g, w) < 2e-2 for g, w in zip(grads, want))
@@ -383,7 +383,7 @@ for causal, s in ((True, 256), (False, 384)):
 @pytest.mark.parametrize("tool", ["racecheck", "memcheck"])
 def test_sanitizers_find_nothing_on_the_ws_backend(tool):
     """``backend="ws"`` (mbarriers only, TileLang's syncs off), causal and full, a static and a
-    dynamic batch and the swizzled dQ layout: no shared-memory hazard (racecheck) and no access
+    dynamic batch and the padded dQ layout: no shared-memory hazard (racecheck) and no access
     out of bounds (memcheck) in its main kernel or the pre / postprocess."""
     assert_sanitizer_clean(tool, SANITIZED_WS, kernels="main")
 
