@@ -557,12 +557,13 @@ def _run_ws(q, k, v, out, dout, lse, grads, problem, delta_scaled, lse_log2, cfg
     dq_accum = torch.empty(prepost.dq_accum_shape(q.shape[0], seq_len, heads, head_dim,
                                                   ws.PLANES, cfg.dq_layout),
                            dtype=torch.float32, device=q.device)
-    prepost.compiled_preprocess(*rows, scale, planes=ws.PLANES, layout=cfg.dq_layout)(
-        out, dout, lse, delta_scaled, lse_log2, dq_accum)
+    prepost.compiled_preprocess(*rows, scale, planes=ws.PLANES, layout=cfg.dq_layout,
+                                pdl=cfg.pdl)(out, dout, lse, delta_scaled, lse_log2, dq_accum)
     fill = cfg.fill or heuristics.kv_fill(
         kv_heads, seq_len // ws.BLOCK_KV, causal,
         torch.cuda.get_device_properties(q.device).multi_processor_count)
-    ws.compiled(*problem, fill, cfg.dq_layout)(q, k, v, dout, lse_log2, delta_scaled, dq_accum,
-                                               *grads[1:])
-    prepost.compiled_postprocess(*rows, ws.PLANES, cfg.dq_layout)(dq_accum, grads[0])
+    ws.compiled(*problem, fill, cfg.dq_layout, cfg.pdl)(q, k, v, dout, lse_log2, delta_scaled,
+                                                        dq_accum, *grads[1:])
+    prepost.compiled_postprocess(*rows, ws.PLANES, cfg.dq_layout, pdl=cfg.pdl)(dq_accum,
+                                                                               grads[0])
     return grads

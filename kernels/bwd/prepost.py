@@ -58,10 +58,11 @@ def stored_column(layout, row, col):
 
 
 def preprocess(batch, seq_len, heads, head_dim, dtype, softmax_scale, clear_dq: bool = True,
-               planes: int = 1, layout: str = "padded"):
+               planes: int = 1, layout: str = "padded", pdl: bool = False):
     """(O, dO, LSE) -> Δ·scale and lse·log2 e (the module docstring); with ``clear_dq`` (the
-    main kernel's dQ path) also the zeroed accumulator of ``planes`` planes. ``batch`` may be
-    ``DYNAMIC_BATCH``."""
+    main kernel's dQ path) also the zeroed accumulator of ``planes`` planes. ``pdl``: each CTA
+    lets the next kernel launch at its start (that kernel waits before it reads any of this).
+    ``batch`` may be ``DYNAMIC_BATCH``."""
     batch = batch_extent(batch)
     accum = "float"
     accum_shape = dq_accum_shape(batch, seq_len, heads, head_dim, planes, layout)
@@ -70,6 +71,8 @@ def preprocess(batch, seq_len, heads, head_dim, dtype, softmax_scale, clear_dq: 
     @T.macro
     def body(O, dO, LSE, DeltaScaled, LSElog2, dQ):
         with T.Kernel(T.ceildiv(seq_len, ROWS), heads, batch, threads=THREADS) as (bx, h, bz):
+            if pdl:
+                T.pdl_trigger()
             o = T.alloc_fragment([ROWS, head_dim], dtype)
             do = T.alloc_fragment([ROWS, head_dim], dtype)
             prod = T.alloc_fragment([ROWS, head_dim], accum)
@@ -113,9 +116,11 @@ def preprocess(batch, seq_len, heads, head_dim, dtype, softmax_scale, clear_dq: 
     return main_rows
 
 
-def postprocess(batch, seq_len, heads, head_dim, dtype, planes: int = 1, layout: str = "padded"):
-    """dQ in q's dtype from the fp32 accumulator of ``planes`` planes in ``layout``. ``batch``
-    may be ``DYNAMIC_BATCH``."""
+def postprocess(batch, seq_len, heads, head_dim, dtype, planes: int = 1, layout: str = "padded",
+                pdl: bool = False):
+    """dQ in q's dtype from the fp32 accumulator of ``planes`` planes in ``layout``. ``pdl``:
+    launched as the main kernel's programmatic dependent, it waits for it before any read.
+    ``batch`` may be ``DYNAMIC_BATCH``."""
     batch = batch_extent(batch)
     accum = "float"
     width = head_dim // planes
@@ -129,6 +134,8 @@ def postprocess(batch, seq_len, heads, head_dim, dtype, planes: int = 1, layout:
             acc = T.alloc_fragment([ROWS, width], accum)
             cast = T.alloc_fragment([ROWS, width], dtype)
             tile = T.alloc_shared([ROWS, head_dim], dtype)
+            if pdl:
+                T.pdl_sync()
             for p in range(planes):
                 if layout == "swizzled":  # ROWS is a multiple of 8: row mod 8 is i mod 8
                     for i, d in T.Parallel(ROWS, width):
@@ -143,10 +150,11 @@ def postprocess(batch, seq_len, heads, head_dim, dtype, planes: int = 1, layout:
 
 
 @functools.lru_cache(maxsize=None)
-def compiled_preprocess(*args, clear_dq=True, planes=1, layout="padded"):
-    return compile_sm90a(preprocess(*args, clear_dq=clear_dq, planes=planes, layout=layout))
+def compiled_preprocess(*args, clear_dq=True, planes=1, layout="padded", pdl=False):
+    return compile_sm90a(preprocess(*args, clear_dq=clear_dq, planes=planes, layout=layout,
+                                    pdl=pdl))
 
 
 @functools.lru_cache(maxsize=None)
-def compiled_postprocess(*args):
-    return compile_sm90a(postprocess(*args))
+def compiled_postprocess(*args, pdl=False):
+    return compile_sm90a(postprocess(*args, pdl=pdl))

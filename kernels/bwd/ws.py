@@ -43,7 +43,8 @@ Shared memory at D 128 (bm 128, bn 64, 2 slots): K and V 64 KB, Q and dO 64 KB, 
   planes 2 × 64 × 64 fp32 = 32 KB (swizzled; padded 36 KB), lse and Δ 1 KB: 194 KB (+ barriers).
 Runs S a multiple of 128 (no ragged tile), D 128, the group whole (``supports_problem``);
 ``pipelined.attention_bwd`` runs it there (``heuristics.backend``) and ``pipelined`` elsewhere.
-dQ's accumulator is ``prepost``'s, 2 planes (``prepost.dq_accum_shape``).
+dQ's accumulator is ``prepost``'s, 2 planes (``prepost.dq_accum_shape``). ``Config.pdl`` launches
+the three kernels as programmatic dependents (off until measured).
 Correct on the H100 (tests/ws/test_bwd.py, racecheck and memcheck); 0.98–1.01 × TileOPs'
 backward on train8b-4k, llama8b-4k and llama8b-8k, within the per-round spread (notes/bwd.md,
 "Session 54"; train8b-8k not yet timed with these changes).
@@ -84,6 +85,9 @@ class Config:
     # (1/9 of each reduce-add and of the pre / postprocess' bytes; 1.01–1.03 × "padded",
     # notes/bwd.md "Session 54")
     dq_layout: str = "swizzled"
+    # PDL: the main kernel starts on the preprocess' tail (its K / V loads before it waits) and
+    # the postprocess on its own; off until measured on a GPU (notes/bwd.md, "Session 54")
+    pdl: bool = False
 
     def __post_init__(self):
         if self.dq_layout not in prepost.DQ_LAYOUTS:
@@ -104,11 +108,14 @@ def supports_problem(seq_len, head_dim) -> str | None:
 
 
 def flash_bwd_ws(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softmax_scale,
-                 fill=1, dq_layout="swizzled"):
+                 fill=1, dq_layout="swizzled", pdl=False):
     """(Q, K, V, dO, lse·log2 e, Δ·scale (B, Hq, S) from ``prepost.preprocess``) -> dQ_accum
     (fp32, 2 planes, added to), dK, dV (dtype). ``batch`` may be ``DYNAMIC_BATCH``.
     ``fill``: the KV heads whose K/V tiles launch together (``tile_scheduler.grouped_kv_tile``;
-    ``heuristics.kv_fill``). ``dq_layout``: the accumulator's (``Config.dq_layout``)."""
+    ``heuristics.kv_fill``). ``dq_layout``: the accumulator's (``Config.dq_layout``).
+    ``pdl``: launched as the preprocess' programmatic dependent, it lets its own dependent (the
+    postprocess) launch at its start and waits for the preprocess before its first lse / Δ
+    load; every dQ add follows that load."""
     if kv_heads % fill:
         raise ValueError(f"fill {fill} must divide kv_heads {kv_heads}")
     why = supports_problem(seq_len, head_dim)
@@ -145,6 +152,9 @@ def flash_bwd_ws(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softm
             T.tma_copy(K[b, rows:rows + HALF, kvh, :], k_s[w, :, :], barrier=kv_full)
             T.tma_copy(V[b, rows:rows + HALF, kvh, :], v_s[w, :, :], barrier=kv_full)
         T.mbarrier_arrive(kv_full)
+        if pdl:
+            T.pdl_trigger()  # the postprocess may launch once every CTA is here
+            T.pdl_sync()  # lse·log2 e, Δ·scale and the cleared accumulator are the preprocess'
         for it in T.serial(total_steps(bx)):
             hh, qt = step(bx, it)
             h = kvh * group + hh
@@ -321,4 +331,4 @@ def prim_func_for(shape):
     fill = heuristics.kv_fill(shape.kv_heads, shape.seq_len // BLOCK_KV, shape.causal, H100_SMS)
     return flash_bwd_ws(shape.batch, shape.seq_len, shape.heads, shape.kv_heads, shape.head_dim,
                         shape.causal, shape.dtype, 1.0 / math.sqrt(shape.head_dim), fill,
-                        DEFAULT.dq_layout)
+                        DEFAULT.dq_layout, DEFAULT.pdl)

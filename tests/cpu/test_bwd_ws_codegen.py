@@ -140,3 +140,36 @@ def test_the_swizzled_layout_keeps_its_stores_vectorized_in_less_shared_memory(t
     s_swz, s_pad = (emit.inspect(e, tmp_path / n) for e, n in ((swz, "swz"), (pad, "pad")))
     assert s_pad.dyn_smem - s_swz.dyn_smem == 2 * 64 * prepost.DQ_PAD * 4
     assert s_swz.spill_bytes == 0 and s_swz.stack_frame == 0, s_swz.format()
+
+
+@needs_nvcc
+def test_the_pdl_option_waits_before_the_preprocess_outputs(tmp_path):
+    """``ws.Config(pdl=True)``: the preprocess lets the main kernel launch at its start; the main
+    kernel's producer issues K and V, lets the postprocess launch, then waits before its first
+    lse / Δ load; the postprocess waits before its first read; each waiting kernel is marked for
+    a programmatic launch. Without it the three kernels hold no PDL call."""
+    args = (2, 1024, 8, 2, 128, True, "bfloat16", 0.088, 2, "swizzled")
+    on = emit.lower_variant("bwd-ws", shapes.Shape("bwd-ws-pdl", 2, 8, 2, 1024, 128, 128, True,
+                                                   "bfloat16"),
+                            ws.flash_bwd_ws(*args, pdl=True), ws.PASS_CONFIGS)
+    producer = on.source[on.source.index("kv_full[0].arrive()"):]
+    trigger = producer.index("cudaTriggerProgrammaticLaunchCompletion()")
+    wait = producer.index("cudaGridDependencySynchronize()")
+    assert trigger < wait < producer.index("LSElog2")
+    assert on.source.count("cudaGridDependencySynchronize()") == 1
+    assert emit.inspect(on, tmp_path).spill_bytes == 0
+    off = emit.lower_prim_func(ws.flash_bwd_ws(*args), ws.PASS_CONFIGS).kernel_source
+    pre_on, pre_off = (emit.lower_prim_func(prepost.preprocess(
+        2, 1024, 8, 128, "bfloat16", 0.088, planes=2, layout="swizzled", pdl=pdl)).kernel_source
+        for pdl in (True, False))
+    post_on, post_off = (emit.lower_prim_func(prepost.postprocess(
+        2, 1024, 8, 128, "bfloat16", 2, "swizzled", pdl=pdl)) for pdl in (True, False))
+    body = pre_on[pre_on.index("main_kernel("):]
+    assert body.index("cudaTriggerProgrammaticLaunchCompletion()") < body.index("(O + ")
+    post_src = post_on.kernel_source
+    assert post_src.index("cudaGridDependencySynchronize()") < post_src.index("(dQaccum + ")
+    marked = {name: "has_cuda_pdl_sync" in str(art.device_mod)
+              for name, art in (("post", post_on), ("post_off", post_off))}
+    assert marked == {"post": True, "post_off": False}
+    for source in (off, pre_off, post_off.kernel_source):
+        assert "Programmatic" not in source and "GridDependency" not in source

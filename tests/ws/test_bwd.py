@@ -119,6 +119,56 @@ def test_the_ws_padded_dq_accumulator_matches_the_oracle(head_dim, causal, dtype
                                    config=ws.Config(dq_layout="padded"))
 
 
+@pytest.mark.parametrize("head_dim,causal,dtype,group,seq_len", WS_CASES[::4])
+def test_the_ws_pdl_option_matches_the_oracle(head_dim, causal, dtype, group, seq_len):
+    """``ws.Config(pdl=True)`` (the three kernels launched as programmatic dependents, not the
+    default until measured): the same bound."""
+    from ws_lab.kernels.bwd import ws
+
+    assert_case_matches_the_oracle(head_dim, causal, dtype, group, seq_len,
+                                   config=ws.Config(pdl=True))
+
+
+def pdl_pair(spin_cycles):
+    """A one-CTA kernel that lets its dependent launch, spins, then sets Flag; and its dependent,
+    which reads Flag before and after its wait into Out."""
+    import tilelang.language as T
+
+    @T.prim_func
+    def primary(Flag: T.Tensor([1], "int32")):
+        with T.Kernel(1, threads=32) as _:
+            T.pdl_trigger()
+            start = T.alloc_var("int64", init=T.call_extern("int64", "clock64"))
+            while T.call_extern("int64", "clock64") - start < spin_cycles:
+                T.evaluate(0)
+            Flag[0] = 1
+
+    @T.prim_func
+    def dependent(Flag: T.Tensor([1], "int32"), Out: T.Tensor([2], "int32")):
+        with T.Kernel(1, threads=32) as _:
+            Out[0] = T.call_extern("int32", "atomicAdd", T.address_of(Flag[0]), 0)
+            T.pdl_sync()
+            Out[1] = T.call_extern("int32", "atomicAdd", T.address_of(Flag[0]), 0)
+
+    return primary, dependent
+
+
+def test_a_pdl_dependent_starts_while_its_predecessor_runs():
+    """What ``Config(pdl=True)`` relies on: a TileLang kernel holding ``T.pdl_sync`` is launched
+    with programmatic stream serialization, so it starts while its predecessor (which let it,
+    ``T.pdl_trigger``) still spins: it reads the flag unset before its wait and set after."""
+    import torch
+
+    from ws_lab.target import compile_sm90a
+
+    primary, dependent = (compile_sm90a(f) for f in pdl_pair(20_000_000))  # ≈ 10 ms
+    flag = torch.zeros(1, dtype=torch.int32, device="cuda")
+    out = torch.full((2,), -1, dtype=torch.int32, device="cuda")
+    primary(flag)
+    dependent(flag, out)
+    assert out.tolist() == [0, 1]
+
+
 @pytest.mark.parametrize("head_dim,causal,dtype,group,seq_len", CASES[::3])
 def test_the_heads_inner_walk_matches_the_oracle(head_dim, causal, dtype, group, seq_len):
     """``Config(heads_inner=True)`` (off by default until measured): the same bound."""
@@ -373,7 +423,7 @@ for causal, s in ((True, 256), (False, 384)):
     out, lse = oracle.attention_ref(q, k, v, causal=causal)
     want = oracle.attention_bwd_ref(q, k, v, dout, causal=causal)
     for options in (dict(backend="ws"), dict(backend="ws", dynamic_batch=True),
-                    dict(config=ws.Config(dq_layout="padded"))):
+                    dict(config=ws.Config(dq_layout="padded")), dict(config=ws.Config(pdl=True))):
         grads = pipelined.attention_bwd(q, k, v, out.to(q.dtype), dout, lse.float(), causal,
                                         **options)
         assert all(oracle.rel_l2(g, w) < 2e-2 for g, w in zip(grads, want))
@@ -383,7 +433,7 @@ for causal, s in ((True, 256), (False, 384)):
 @pytest.mark.parametrize("tool", ["racecheck", "memcheck"])
 def test_sanitizers_find_nothing_on_the_ws_backend(tool):
     """``backend="ws"`` (mbarriers only, TileLang's syncs off), causal and full, a static and a
-    dynamic batch and the padded dQ layout: no shared-memory hazard (racecheck) and no access
+    dynamic batch, the padded dQ layout and PDL: no shared-memory hazard (racecheck) and no access
     out of bounds (memcheck) in its main kernel or the pre / postprocess."""
     assert_sanitizer_clean(tool, SANITIZED_WS, kernels="main")
 
