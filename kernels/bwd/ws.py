@@ -45,9 +45,9 @@ Runs S a multiple of 128 (no ragged tile), D 128, the group whole (``supports_pr
 ``pipelined.attention_bwd`` runs it there (``heuristics.backend``) and ``pipelined`` elsewhere.
 dQ's accumulator is ``prepost``'s, 2 planes (``prepost.dq_accum_shape``). ``Config.pdl`` launches
 the three kernels as programmatic dependents (off until measured).
-Correct on the H100 (tests/ws/test_bwd.py, racecheck and memcheck); 0.98–1.01 × TileOPs'
-backward on train8b-4k, llama8b-4k and llama8b-8k, within the per-round spread (notes/bwd.md,
-"Session 54"; train8b-8k not yet timed with these changes).
+Correct on the H100 (tests/ws/test_bwd.py, racecheck and memcheck); × TileOPs' backward
+1.005 on train8b-4k and 0.989 on llama8b-8k (intervals spanning 1), 0.986 on llama8b-4k (behind;
+notes/bwd.md, "Session 54"; train8b-8k not yet timed with these changes).
 """
 import functools
 import math
