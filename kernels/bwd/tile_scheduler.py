@@ -23,11 +23,11 @@ def slot_heads(slot, splits, group):
 
 def kv_grid(n_kvtiles, kv_heads, batch, causal):
     """The main kernel's grid (``kv_heads`` counts (KV head, head split) slots where the group
-    is split: ``pipelined.Config.head_splits``). Causal: (KV head, batch) on x, K/V tiles on y, so every
-    head's K/V tile 0 (the longest walk: every Q tile) launches before any tile 1 (FA3's heaviest
-    first); with the tiles on x the last heads' long tiles waited for a second wave
-    (notes/bwd.md, "Session 36"). Full: the K/V tiles on x, so a head's CTAs run together and
-    share its Q and dO tiles in L2."""
+    is split: ``pipelined.Config.head_splits``). Causal: (KV head, batch) on x, K/V tiles on y,
+    so every head's K/V tile 0 (the longest walk: every Q tile) launches before any tile 1
+    (FA3's heaviest first); with the tiles on x the last heads' long tiles waited for a second
+    wave (notes/bwd.md, "Session 36"). Full: the K/V tiles on x, so a head's CTAs run together
+    and share its Q and dO tiles in L2."""
     if causal:
         return kv_heads * batch, n_kvtiles
     return n_kvtiles, kv_heads * batch

@@ -86,7 +86,7 @@ class Config:
     # notes/bwd.md "Session 54")
     dq_layout: str = "swizzled"
     # PDL: the main kernel starts on the preprocess' tail (its K / V loads before it waits) and
-    # the postprocess on its own; off until measured on a GPU (notes/bwd.md, "Session 54")
+    # the postprocess on its own; off until measured on a GPU (notes/bwd.md, "Session 54, later")
     pdl: bool = False
 
     def __post_init__(self):
