@@ -107,6 +107,7 @@ _register("fp8-coop", "ws_lab.kernels.fwd.fp8", kind="fp8", design="coop-overlap
 _register("fp8-coop-persistent", "ws_lab.kernels.fwd.fp8", kind="fp8",
           design="coop-overlap-persistent")
 _register("fp8-coop-rs", "ws_lab.kernels.fwd.fp8", kind="fp8", design="coop-overlap-rs")
+_register("fp8-coop-rs-vt", "ws_lab.kernels.fwd.fp8", kind="fp8", design="coop-overlap-rs-vt")
 
 
 def get(name: str) -> Kernel:

@@ -24,8 +24,10 @@ def tool(name: str) -> str:
 
 
 # LDGSTS: cp.async (a pipelined Triton loop); STL: local stores (spills, in a Triton cubin);
-# UBLKPF: bulk L2 prefetches
-COUNTED = ("BAR", "SYNCS", "UTMALDG", "UTMASTG", "FCHK", "LDGSTS", "STL", "UBLKPF")
+# UBLKPF: bulk L2 prefetches; LDSM / STSM: shared-memory matrix loads and stores (FP8's
+# in-kernel Vᵀ, kernels/fwd/v_transpose.py)
+COUNTED = ("BAR", "SYNCS", "UTMALDG", "UTMASTG", "FCHK", "LDGSTS", "STL", "UBLKPF", "LDSM",
+           "STSM")
 
 
 @dataclass

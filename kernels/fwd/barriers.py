@@ -11,6 +11,9 @@ are the same in every kernel and named here so docstrings can point at them:
   k_full[s]       K of ring stage s landed (32 + bytes); v_full[s] the same for V
   k_empty[s]      every consumer thread released K of stage s (256; in a 2-CTA cluster 264:
                   lane 0 of each of the peer's 8 consumer warps arrives remotely); v_empty[s]
+  vsrc_full[s]    FP8 with the in-kernel Vᵀ: V's block as stored landed (32 + bytes); v_full[s]
+                  then counts the 96 transposing threads (kernels/fwd/v_transpose.py)
+  vsrc_empty[s]   the transposing threads read V's block out of stage s (96)
 """
 from enum import IntEnum
 

@@ -62,6 +62,9 @@ threads' barrier (``NamedBarrier.FP8_P_WG1/2``) before its SS PV GEMM; the other
 never waits for it. O (bf16) leaves through its own tile (2 × 64 × Dv), Q's e4m3 slot being
 half its size. Shared memory at D 128, bn 256 (``fp8.coop_config_for``): Q 16 + K/Vᵀ 128 + P
 32 + O 32 KB (+ 4 KB of anchors) = 212 KB.
+``Config.transpose_v`` (P in registers, non-persistent): V read as stored into a source ring
+and made into Vᵀ by the whole producer warpgroup (still setmaxnreg 24;
+``kernels/fwd/v_transpose.py``), +56 KB at bn 224.
 Persistent, bn 256: Q 2 · 16 + K/Vᵀ 128 + P 32 KB + anchors = 196 KB; a bf16 O tile would pass
 the 227 KB, so O goes from registers to global memory (bounded stores) and the Q slot is handed
 back at once; the walk's L2 rules count 1-byte K / V.
@@ -94,6 +97,7 @@ from ws_lab.kernels.fwd.softmax import (FP8_PROB_LOG2_OFFSET, SoftmaxState, allo
 from ws_lab.kernels.fwd.tile_scheduler import (RANK_GROUP, PersistentScheduler, cluster_for,
                                                kv_exceed_half_l2, persistent_device_args,
                                                qtile_grid)
+from ws_lab.kernels.fwd.v_transpose import TRANSPOSE_THREADS, transposing_producer
 from ws_lab.shapes import Shape
 from ws_lab.target import H100_L2_BYTES, H100_SMS, compile_sm90a
 
@@ -120,6 +124,9 @@ class Config:
     cluster: int = 1  # persistent: 2 = CTA pairs on two Q heads of one KV head, K/V multicast
     # FP8: P from registers (RS) in the operand key order (``operand_key``), Vᵀ's keys in it too
     p_in_registers: bool = False
+    # FP8 with P in registers: V read as stored and transposed in shared memory by the producer
+    # warpgroup (FA3's Transpose_V; kernels/fwd/v_transpose.py), no Vᵀ pass before the kernel
+    transpose_v: bool = False
     # persistent: Q slots. 2: the next tile's Q loads while this tile's O is stored and its
     # first QK shares a turn with this tile's last PV; 1: FA3's (K_0 loads before Q, the
     # epilogue runs alone), which leaves room for FA3's 176-key blocks: correct, not faster
@@ -165,6 +172,11 @@ class Fp8Epilogue:
     k_descale: object
     v_descale: object
     o_s: object
+
+
+def swizzled(*buffers) -> dict:
+    """TileLang's swizzled layout for each shared buffer given (None: not allocated)."""
+    return {buf: make_swizzled_layout(buf) for buf in buffers if buf is not None}
 
 
 def kv_loaders(bn: int, stages: int, v_parts: int = 1, cluster: int = 1,
@@ -415,11 +427,17 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
     if group % cfg.cluster:
         raise ValueError(f"cluster={cfg.cluster} pairs two Q heads of one KV head: the GQA group "
                          f"({heads} / {kv_heads} = {group}) must be even")
+    if cfg.transpose_v and not (fp8 and cfg.p_in_registers and not cfg.persistent):
+        raise ValueError("transpose_v is the non-persistent FP8 kernel's option with P in "
+                         "registers (its Vᵀ keys come out in the operand key order)")
     if cfg.persistent and not loop.runs_persistent:
         raise ValueError("the persistent kernel needs a mainloop whose last PV can share an issue "
                          "turn with the next tile's first QK (kernels.coop_overlap)")
-    produce_kv = kv_producer(bn, stages, cluster=cfg.cluster, v_transposed=fp8)
-    load_k, load_v = kv_loaders(bn, stages, cluster=cfg.cluster, v_transposed=fp8)
+    v_given_transposed = fp8 and not cfg.transpose_v
+    produce_kv = kv_producer(bn, stages, cluster=cfg.cluster, v_transposed=v_given_transposed)
+    load_k, load_v = kv_loaders(bn, stages, cluster=cfg.cluster, v_transposed=v_given_transposed)
+    produce_transposing = (transposing_producer(bn, stages, head_dim_v, load_k, load_v)
+                           if cfg.transpose_v else None)
 
     @T.macro
     def epilogue(wg, st: SoftmaxState, q_s, slot, q_empty, out_tile, f8: Fp8Epilogue, kvh, b):
@@ -524,11 +542,13 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
             k_s = T.alloc_shared([stages, bn, head_dim], dtype)
             v_s = T.alloc_shared([stages, head_dim_v, bn] if fp8 else [stages, bn, head_dim_v],
                                  dtype)
-            T.annotate_layout({q_s: make_swizzled_layout(q_s), k_s: make_swizzled_layout(k_s),
-                               v_s: make_swizzled_layout(v_s)})
+            # transpose_v: V's blocks as stored, the transposing warps' source
+            vsrc_s = T.alloc_shared([stages, bn, head_dim_v], dtype) if cfg.transpose_v else None
+            T.annotate_layout(swizzled(q_s, k_s, v_s, vsrc_s))
             q_full = T.alloc_barrier(PRODUCER_WARP)
             k_full = T.alloc_barrier([PRODUCER_WARP] * stages)
-            v_full = T.alloc_barrier([PRODUCER_WARP] * stages)
+            v_full = T.alloc_barrier([TRANSPOSE_THREADS if cfg.transpose_v else PRODUCER_WARP]
+                                     * stages)
             k_empty = T.alloc_barrier([CONSUMER_THREADS] * stages)
             v_empty = T.alloc_barrier([CONSUMER_THREADS] * stages)
             if fp8:
@@ -539,11 +559,20 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
             else:
                 kv = KVStages(k_s, v_s, k_full, k_empty, v_full, v_empty)
                 f8 = None
+            if cfg.transpose_v:  # what the TMA warp fills: K's ring and V's source ring
+                vsrc_full = T.alloc_barrier([PRODUCER_WARP] * stages)
+                vsrc_empty = T.alloc_barrier([TRANSPOSE_THREADS] * stages)
+                loaded = KVStages(k_s, vsrc_s, k_full, k_empty, vsrc_full, vsrc_empty)
             loop_range = kv_blocks(qt)
             tx = T.get_thread_binding()
             if tx >= CONSUMER_THREADS:
                 T.set_max_nreg(24, 0)
-                if tx < CONSUMER_THREADS + PRODUCER_WARP:
+                if cfg.transpose_v:
+                    if tx < CONSUMER_THREADS + PRODUCER_WARP:
+                        load_q(Q, q_s, q_full, None, qt, head, b, 0, 0)
+                    produce_transposing(K, V, loaded, kv, b, head // group, loop_range,
+                                        (tx - CONSUMER_THREADS) // 32, tx % 32)
+                elif tx < CONSUMER_THREADS + PRODUCER_WARP:
                     producer(Q, K, V, q_s, kv, q_full, None, qt, head, b, loop_range)
             elif tx < 128:
                 T.set_max_nreg(240, 1)
@@ -576,11 +605,15 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
         def descale_t():
             return T.Tensor([batch, kv_heads], accum)
 
+        # V as stored when the kernel transposes it, else Vᵀ from the wrapper's pass
+        v_shape = ([batch, seq_len, kv_heads, head_dim_v] if cfg.transpose_v else
+                   [batch, kv_heads, head_dim_v, seq_pad])
+
         @T.prim_func
         def main_fp8(
             Q: T.Tensor([batch, seq_len, heads, head_dim], dtype),
             K: T.Tensor([batch, seq_len, kv_heads, head_dim], dtype),
-            Vt: T.Tensor([batch, kv_heads, head_dim_v, seq_pad], dtype),
+            Vt: T.Tensor(v_shape, dtype),
             QDescale: descale_t(),
             KDescale: descale_t(),
             VDescale: descale_t(),

@@ -39,6 +39,10 @@ P stays in registers, its columns in ``coop.operand_key``'s order (no register m
 threads) and Vᵀ's keys in the same order from the Triton pass, at FA3's bn 224: correct on
 the H200, ahead of the second on the 8k rows and behind it on the 4k ones, where the ragged
 224-key block computes 3.9 % more keys (0.942–0.989 × FA3 FP8; notes/fp8.md, "Session 42").
+A fifth, ``design="coop-overlap-rs-vt"`` (``fp8-coop-rs-vt``), is the fourth reading V as
+stored: its producer warpgroup makes Vᵀ in shared memory, FA3's way
+(``kernels/fwd/v_transpose.py``), so no Triton pass runs before it. Lowered without spills
+(CPU); not yet run on a GPU (notes/fp8.md, "Session 55").
 
 ``quantize(q, k, v, hadamard=)`` makes the inputs from bf16 / fp16 ones: per-(batch, KV head)
 descales, and optionally FA3's incoherent processing (q and k rotated by one random-sign
@@ -69,7 +73,9 @@ TL_FP8 = "float8_e4m3fn"
 INPUT_DTYPE = TL_FP8  # what ``python -m ws_lab.emit fp8`` reports (the shape's dtype is unused)
 OUT_DTYPE = torch.bfloat16
 HEAD_DIMS = ((64, 64), (128, 128))
-DESIGNS = ("pipelined", "coop-overlap", "coop-overlap-persistent", "coop-overlap-rs")
+DESIGNS = ("pipelined", "coop-overlap", "coop-overlap-persistent", "coop-overlap-rs",
+           "coop-overlap-rs-vt")
+RS_DESIGNS = DESIGNS[3:]  # P from registers, Vᵀ's keys in coop.operand_key's order
 # TileLang's shared-memory syncs off (the kernel's named barriers order P and O; notes/fp8.md,
 # "Session 38"), reuse off with them (tilelang #2416), and fast math (bare ex2.approx)
 PASS_CONFIGS = {tilelang.PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True,
@@ -186,16 +192,18 @@ def compiled(*args):
 
 
 def coop_config_for(causal: bool, persistent: bool = False, cluster: int = 1,
-                    p_in_registers: bool = False) -> coop.Config:
+                    p_in_registers: bool = False, transpose_v: bool = False) -> coop.Config:
     """The coop-overlap designs' tiles: bn 256, 2 stages, pingpong on. bn 256 measured 1.06–1.10
     × bn 128 and the grid and sanitizers pass at it (notes/fp8.md, "Session 39", "Session 40").
     Shared memory at D 128: non-persistent 212 KB (Q, K / Vᵀ rings, P, the bf16 O tile);
     persistent 196 KB (Q's two slots, no O tile: O leaves from registers).
     ``p_in_registers`` ("coop-overlap-rs"): FA3's FP8 tile, bn 224, P from registers (S, P
     and O in flight at bn 256 pass the consumers' 240 registers: ptxas serialises the wgmmas;
-    notes/fp8.md, "Session 41"); 164 KB, no P tile."""
+    notes/fp8.md, "Session 41"); 164 KB, no P tile. ``transpose_v`` ("coop-overlap-rs-vt"):
+    the same with Vᵀ made in the kernel (kernels/fwd/v_transpose.py): 220 KB."""
     if p_in_registers:
-        return coop.Config(224, 2, True, heavy_first=causal, p_in_registers=True)
+        return coop.Config(224, 2, True, heavy_first=causal, p_in_registers=True,
+                           transpose_v=transpose_v)
     return coop.Config(256, 2, True, heavy_first=causal,
                        persistent=persistent, cluster=cluster)
 
@@ -207,14 +215,19 @@ def coop_mainloop(cfg: coop.Config):
     return coop_overlap.overlap_mainloop(deferred_sums=not cfg.p_in_registers)
 
 
+def design_config(design: str, causal: bool) -> coop.Config:
+    """The tiles of a non-persistent coop-overlap design."""
+    return coop_config_for(causal, p_in_registers=design in RS_DESIGNS,
+                           transpose_v=design == "coop-overlap-rs-vt")
+
+
 def postproc_passes_for(design: str = "pipelined") -> tuple:
     """The post-processor passes ``design`` compiles under (``ws_lab.emit`` shows its kernel
     through them): the IntraWGOverlap mainloop's for the coop-overlap designs, none for the
     pipelined one."""
     if design == "pipelined":
         return ()
-    cfg = coop_config_for(False, p_in_registers=design == DESIGNS[3])
-    return coop_mainloop(cfg).postproc_passes
+    return coop_mainloop(design_config(design, False)).postproc_passes
 
 
 def compiled_coop(batch, seq_len, heads, kv_heads, head_dim, causal, softmax_scale,
@@ -232,7 +245,7 @@ def coop_kernel(problem, design: str, cluster, device):
     D, causal, scale); the persistent walk sized to ``device`` and, ``cluster`` None, paired by
     ``cluster_for`` on e4m3 K / V."""
     if design != "coop-overlap-persistent":
-        cfg = coop_config_for(problem[5], p_in_registers=design == "coop-overlap-rs")
+        cfg = design_config(design, problem[5])
         return cfg, compiled_coop(*problem, cfg)
     sms, l2 = persistent_device_args(device)
     if cluster is None:
@@ -293,7 +306,8 @@ def attention_fp8(q, k, v, causal=False, softmax_scale=None, *, q_descale=None, 
     with coop_overlap's IntraWGOverlap mainloop, e4m3; no lse yet) or
     "coop-overlap-persistent" (the same on the persistent walk; ``cluster``: 2 forces CTA
     pairs multicasting K / Vᵀ, 1 single CTAs, None picks by ``cluster_for``) or
-    "coop-overlap-rs" (the second with P from registers at bn 224)."""
+    "coop-overlap-rs" (the second with P from registers at bn 224) or "coop-overlap-rs-vt"
+    (the fourth reading V as stored: its producer warpgroup transposes it)."""
     if design not in DESIGNS:
         raise ValueError(f"design must be one of {DESIGNS}, got {design!r}")
     if return_lse and design != "pipelined":
@@ -328,8 +342,11 @@ def attention_fp8(q, k, v, causal=False, softmax_scale=None, *, q_descale=None, 
     else:
         cfg, kernel = coop_kernel(problem, design, cluster, q.device)
     out = torch.empty(q.shape, dtype=OUT_DTYPE, device=q.device) if out is None else out
-    args = [q, k, transpose_v(v, cfg.block_n, operand_order=design == "coop-overlap-rs"),
-            *descales, out]
+    if design == "coop-overlap-rs-vt":
+        v_arg = v  # contiguous BSHD (validated), TMA reads its blocks as stored
+    else:
+        v_arg = transpose_v(v, cfg.block_n, operand_order=design in RS_DESIGNS)
+    args = [q, k, v_arg, *descales, out]
     if not return_lse:
         kernel(*args)
         return out
@@ -426,7 +443,7 @@ def prim_func_for(shape, config=None, design: str = "pipelined"):
         config = coop_config_for(shape.causal, True, cluster_for(
             shape.batch, shape.seq_len, shape.heads, shape.kv_heads, shape.head_dim,
             shape.head_dim, H100_L2_BYTES, elem_bytes=1))
-    config = config or coop_config_for(shape.causal, p_in_registers=design == DESIGNS[3])
+    config = config or design_config(design, shape.causal)
     return coop.coop_fwd(shape.batch, shape.seq_len, shape.heads, shape.kv_heads,
                          shape.head_dim, shape.head_dim, shape.causal, coop.FP8_DTYPE, scale,
                          config, coop_mainloop(config))

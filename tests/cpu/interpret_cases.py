@@ -185,8 +185,9 @@ def _fp8_launch_cases(results):
     """``fp8.attention_fp8``'s launch path for every design, up to the kernel: the compiled
     kernels replaced by a recorder (nothing here runs TileLang's code), the kernel must get q, k,
     the Vᵀ its design reads (key columns padded to its block, in ``coop.operand_key``'s order for
-    P in registers), the three descales and ``out``. Session 41's RS change broke this path for
-    the default design, and only the GPU run caught it (notes/fp8.md, "Session 42"): [0, 0]."""
+    P in registers; V itself where the kernel transposes it), the three descales and ``out``.
+    Session 41's RS change broke this path for the default design, and only the GPU run caught
+    it (notes/fp8.md, "Session 42"): [0, 0]."""
     from unittest import mock
 
     import torch
@@ -208,9 +209,12 @@ def _fp8_launch_cases(results):
             out = torch.empty(q.shape, dtype=fp8.OUT_DTYPE)
             fp8.attention_fp8(q, k, v, False, out=out, return_lse=lse, design=design, **descales)
         (built, launched), = got
-        want_vt = _expected_vt(v, built[7].block_n, operand_order=design == "coop-overlap-rs")
-        right = (launched[0] is q and launched[1] is k and launched[6] is out
-                 and torch.equal(launched[2].view(torch.uint8), want_vt)
+        if design == "coop-overlap-rs-vt":  # the kernel transposes V itself
+            v_right = launched[2] is v
+        else:
+            want_vt = _expected_vt(v, built[7].block_n, operand_order=design in fp8.RS_DESIGNS)
+            v_right = torch.equal(launched[2].view(torch.uint8), want_vt)
+        right = (launched[0] is q and launched[1] is k and launched[6] is out and v_right
                  and all(x.equal(descales[n]) for x, n in zip(launched[3:6], descales))
                  and len(launched) == 7 + lse)
         results[f"fp8-launch-{design}"] = [0.0 if right else 1.0, 0.0]

@@ -206,10 +206,12 @@ def test_the_registry_binds_each_fp8_design():
     assert registry.get("fp8-coop-persistent").fp8_attention.keywords == {
         "design": "coop-overlap-persistent"}
     assert registry.get("fp8-coop-rs").fp8_attention.keywords == {"design": "coop-overlap-rs"}
+    assert registry.get("fp8-coop-rs-vt").fp8_attention.keywords == {
+        "design": "coop-overlap-rs-vt"}
     assert registry.get("fp8").fp8_attention.keywords == {}
     # ws_lab.emit shows each design through the passes it compiles under
     assert registry.get("fp8").postproc_passes == ()
-    for name in ("fp8-coop", "fp8-coop-persistent", "fp8-coop-rs"):
+    for name in ("fp8-coop", "fp8-coop-persistent", "fp8-coop-rs", "fp8-coop-rs-vt"):
         assert registry.get(name).postproc_passes == (drop_anchor_fences,), name
     with pytest.raises(TypeError, match="fp8 is a fp8 kernel, not a fwd one"):
         registry.get("fp8").attention

@@ -4,9 +4,10 @@ accumulation), over D 64 / 128, causal and full, query groups 1 / 4 / 8 and S 1 
 4096, random descales, the output NaN-poisoned before the run (every case within rel-L2
 5e-2 on the first GPU run, session 37; the bench rows' 2.1e-2 to 2.6e-2 match FA3 FP8's own,
 notes/fp8.md); the quantisation error on bf16-derived inputs against FA3 FP8's, with and
-without the Hadamard option; memcheck and racecheck. The coop-overlap designs (SS, RS and
-persistent) run the same grid (no lse) and the same sanitizer script; the persistent one also on forced CTA pairs (its
-cases are too small for ``cluster_for`` to pair them)."""
+without the Hadamard option; memcheck and racecheck. The coop-overlap designs (SS, RS, RS
+with the in-kernel Vᵀ, and persistent) run the same grid (no lse) and the same sanitizer
+script; the persistent one also on forced CTA pairs (its cases are too small for
+``cluster_for`` to pair them)."""
 import itertools
 
 import pytest
@@ -76,6 +77,15 @@ def test_fp8_rs_forward_matches_the_oracle_on_dequantised_inputs(head_dim, causa
     """The coop-overlap design with P from registers (RS) at 224-key blocks, Vᵀ's keys in
     the operand order: the same grid, no lse."""
     got, (ref, _) = random_case(head_dim, causal, group, seq_len, design="coop-overlap-rs")
+    assert oracle.rel_l2(got, ref) < BOUND
+
+
+@pytest.mark.parametrize("head_dim,causal,group,seq_len", CASES)
+def test_fp8_rs_vt_forward_matches_the_oracle_on_dequantised_inputs(head_dim, causal, group,
+                                                                   seq_len):
+    """The RS design with Vᵀ made in the kernel (LDSM.T / PRMT / STSM in the producer
+    warpgroup) from V as stored: the same grid, no lse."""
+    got, (ref, _) = random_case(head_dim, causal, group, seq_len, design="coop-overlap-rs-vt")
     assert oracle.rel_l2(got, ref) < BOUND
 
 
@@ -150,6 +160,8 @@ for d, causal, s, group in ((64, True, 127, 4), (128, False, 200, 1)):
                             cluster=2 if group % 2 == 0 else 1)
     assert torch.isfinite(out).all()
     out = fp8.attention_fp8(q, k, v, causal, design="coop-overlap-rs")
+    assert torch.isfinite(out).all()
+    out = fp8.attention_fp8(q, k, v, causal, design="coop-overlap-rs-vt")
     assert torch.isfinite(out).all()
 """
 
