@@ -79,14 +79,12 @@ def stsm_row(lane):
     return matrix // 2 * 16 + lane % 8 * 2 + matrix % 2
 
 
-def transposing_producer(block_n: int, stages: int, head_dim_v: int, load_k, load_v):
-    """The producer warpgroup's KV loop with the transpose: ``produce(K, V, loaded, kv, b,
-    kv_head, loop_range, warp, lane)``. ``loaded``: the KVStages the loads fill (K's ring and
-    V's source ring ``vsrc_s`` with its barriers), ``kv``: the consumers' (Vᵀ in ``v_s``);
-    ``load_k`` / ``load_v``: coop's loaders (``coop.kv_loaders``, V not transposed)."""
+def block_mover(block_n: int, head_dim_v: int):
+    """``move_block(vsrc_s, v_s, stage, warp, lane)``: one warp's share of a block, V's (bn,
+    Dv) ``vsrc_s[stage]`` into Vᵀ's (Dv, bn) ``v_s[stage]`` (the keys of each 16 in
+    ``coop.operand_key``'s order); the four warps together move it all."""
     check_config(block_n, head_dim_v)
     rounds = rounds_per_block(block_n, head_dim_v)
-    ring = KVRing(stages)
 
     @T.macro
     def move_unit(vsrc_s, v_s, stage, warp, i, lane, regs):
@@ -107,8 +105,24 @@ def transposing_producer(block_n: int, stages: int, head_dim_v: int, load_k, loa
                                     T.uint32(ODD_DIM_BYTES)))
 
     @T.macro
-    def produce(K, V, loaded, kv, b, kv_head, loop_range, warp, lane):
+    def move_block(vsrc_s, v_s, stage, warp, lane):
         regs = T.alloc_local([4], "uint32")
+        for i in T.unroll(rounds):
+            move_unit(vsrc_s, v_s, stage, warp, i, lane, regs)
+
+    return move_block
+
+
+def transposing_producer(block_n: int, stages: int, head_dim_v: int, load_k, load_v):
+    """The producer warpgroup's KV loop with the transpose: ``produce(K, V, loaded, kv, b,
+    kv_head, loop_range, warp, lane)``. ``loaded``: the KVStages the loads fill (K's ring and
+    V's source ring ``vsrc_s`` with its barriers), ``kv``: the consumers' (Vᵀ in ``v_s``);
+    ``load_k`` / ``load_v``: coop's loaders (``coop.kv_loaders``, V not transposed)."""
+    move_block = block_mover(block_n, head_dim_v)
+    ring = KVRing(stages)
+
+    @T.macro
+    def produce(K, V, loaded, kv, b, kv_head, loop_range, warp, lane):
         if warp == 0:
             load_k(K, loaded, b, kv_head, 0, 0)
             load_v(V, loaded, b, kv_head, 0, 0)
@@ -120,8 +134,7 @@ def transposing_producer(block_n: int, stages: int, head_dim_v: int, load_k, loa
             stage, phase = ring.at(kb)
             T.mbarrier_wait_parity(loaded.v_full[stage], phase)
             T.mbarrier_wait_parity(kv.v_empty[stage], phase ^ 1)
-            for i in T.unroll(rounds):
-                move_unit(loaded.v_s, kv.v_s, stage, warp, i, lane, regs)
+            move_block(loaded.v_s, kv.v_s, stage, warp, lane)
             T.fence_proxy_async()
             T.mbarrier_arrive(kv.v_full[stage])
             T.mbarrier_arrive(loaded.v_empty[stage])

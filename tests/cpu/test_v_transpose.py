@@ -8,6 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
+from tests.ws.v_transpose_kernel import transpose_block_kernel
 from ws_lab import emit, registry, shapes
 from ws_lab.kernels.fwd import coop, fp8, v_transpose
 
@@ -91,6 +92,20 @@ def test_transpose_v_is_the_rs_designs_option_only():
         coop.coop_fwd(1, 127, 4, 2, 64, 64, True, coop.FP8_DTYPE, 0.125,
                       coop.Config(224, 2, True, transpose_v=True),
                       fp8.coop_mainloop(fp8.coop_config_for(True)))
+
+
+@needs_nvcc
+def test_the_one_block_transpose_kernel_lowers_with_syncs_around_the_move(tmp_path):
+    """The GPU test's kernel (tests/ws/v_transpose_kernel.py): TileLang's own syncs order the
+    copy in, the four warps' LDSM / STSM and the copy out (this kernel keeps them on)."""
+    shape = shapes.Shape("vt-block", 1, 1, 1, 224, 128, 128, False, "float8_e4m3fn")
+    emitted = emit.lower_variant("vt-block", shape, transpose_block_kernel(224, 128), {})
+    body = emitted.source[emitted.source.index("__global__"):]
+    ldsm, stsm = body.index("tl::ptx_ldmatrix_x4_trans("), body.index("tl::ptx_stmatrix_m8n8_x4(")
+    assert "__syncthreads();" in body[:ldsm] and "__syncthreads();" in body[stsm:]
+    summary = emit.inspect(emitted, tmp_path)
+    assert summary.counts["LDSM"] == summary.counts["STSM"] == 14, summary.format()
+    assert summary.spill_bytes == 0, summary.format()
 
 
 @needs_nvcc

@@ -13,8 +13,10 @@ import itertools
 import pytest
 
 from tests.ws.grid import assert_sanitizer_clean
+from tests.ws.v_transpose_kernel import transpose_block_kernel
 from ws_lab import oracle
 from ws_lab.kernels.fwd import fp8
+from ws_lab.target import compile_sm90a
 
 pytestmark = pytest.mark.hopper
 
@@ -87,6 +89,21 @@ def test_fp8_rs_vt_forward_matches_the_oracle_on_dequantised_inputs(head_dim, ca
     warpgroup) from V as stored: the same grid, no lse."""
     got, (ref, _) = random_case(head_dim, causal, group, seq_len, design="coop-overlap-rs-vt")
     assert oracle.rel_l2(got, ref) < BOUND
+
+
+@pytest.mark.parametrize("block_n,head_dim_v", [(224, 128), (224, 64)])
+def test_the_in_kernel_transpose_moves_every_byte_of_a_block(block_n, head_dim_v):
+    """``v_transpose.block_mover`` alone (``transpose_block_kernel``): one random byte block
+    (any bit pattern, NaN codes too) through LDSM.T / PRMT / STSM comes out as Vᵀ with the keys
+    of each 16 in ``coop.operand_key``'s order, bit for bit."""
+    import torch
+
+    kernel = compile_sm90a(transpose_block_kernel(block_n, head_dim_v))
+    v = torch.randint(0, 256, (block_n, head_dim_v), dtype=torch.uint8, device="cuda")
+    vt = torch.full((head_dim_v, block_n), 0x7F, dtype=torch.uint8, device="cuda")
+    kernel(v.view(fp8.FP8), vt.view(fp8.FP8))
+    keys = torch.tensor([fp8.coop.operand_key(a) for a in range(block_n)], device="cuda")
+    assert torch.equal(vt, v[keys].T)
 
 
 @pytest.mark.parametrize("head_dim,causal,group,seq_len",
