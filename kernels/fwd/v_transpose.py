@@ -48,7 +48,7 @@ STSM = tvm.ir.Op.get("tl.ptx_stmatrix")
 
 def check_config(block_n: int, head_dim_v: int):
     slices = head_dim_v // UNIT_DIMS
-    if head_dim_v % UNIT_DIMS or TRANSPOSE_WARPS % slices or block_n % (
+    if not slices or head_dim_v % UNIT_DIMS or TRANSPOSE_WARPS % slices or block_n % (
             UNIT_KEYS * TRANSPOSE_WARPS // slices):
         raise ValueError(f"the in-kernel V transpose gives each of {TRANSPOSE_WARPS} warps 32 "
                          f"dims of 16-key rows: Dv {head_dim_v} must be 32, 64 or 128 and "

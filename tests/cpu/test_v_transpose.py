@@ -81,7 +81,8 @@ def test_the_transposing_warps_write_vt_in_the_operand_key_order(block_n, head_d
     assert (model_transpose(v) == v[keys, :].T).all()
 
 
-@pytest.mark.parametrize("block_n,head_dim_v", [(200, 128), (224, 256), (224, 48), (48, 32)])
+@pytest.mark.parametrize("block_n,head_dim_v", [(200, 128), (224, 256), (224, 48), (48, 32),
+                                                (224, 16)])
 def test_the_transposer_refuses_a_block_its_warps_do_not_tile(block_n, head_dim_v):
     with pytest.raises(ValueError, match="in-kernel V transpose gives each of 4 warps"):
         v_transpose.check_config(block_n, head_dim_v)
