@@ -705,9 +705,7 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
                 k_s = T.alloc_shared([stages, bn, head_dim], dtype)
                 v_s = T.alloc_shared([stages, head_dim_v, bn] if fp8 else
                                      [stages, bn, head_dim_v], dtype)
-                T.annotate_layout({q_s: make_swizzled_layout(q_s),
-                                   k_s: make_swizzled_layout(k_s),
-                                   v_s: make_swizzled_layout(v_s)})
+                T.annotate_layout(swizzled(q_s, k_s, v_s))
                 q_full = T.alloc_barrier([PRODUCER_WARP] * slots)
                 q_empty = T.alloc_barrier([CONSUMER_THREADS] * slots)
                 k_full = T.alloc_barrier([PRODUCER_WARP] * stages)
