@@ -27,10 +27,10 @@ d + 16·(m // 2) + 0..15, read as 8 × 8 b16; transposed, lane l holds for dims 
 (2·(l // 4), +1) of its matrix the keys 2·(l % 4) and 2·(l % 4) + 1, four bytes. Matrices 0 and
 1 (keys 8 apart, same dims) combine by PRMT into one register a dim: the keys 2q, 2q+1, 2q+8,
 2q+9 (q = l % 4), which is ``coop.operand_key``'s order for P's columns 4q … 4q+3 in registers.
-STSM x4 writes those as rows of Vᵀ: matrix m is dims d + 16·(m // 2) + 2·r + m % 2 (r = 0..7,
-even dims from the first PRMT, odd from the second) at keys k … k + 15. So Vᵀ's key columns
-come out in the RS design's order with no extra step (``tests/cpu/test_v_transpose.py`` models
-the three instructions in numpy).
+STSM x4 writes those as rows of Vᵀ: row r of matrix m is dim d + 16·(m // 2) + 2·r, + 1 where
+m is odd or r ≥ 4 but not both (``slot_selectors``), at keys k … k + 15. So Vᵀ's key columns come
+out in the RS design's order with no extra step, and each phase's 8 rows hit 8 bank groups
+(``tests/cpu/test_v_transpose.py`` models the three instructions in numpy, and the banks).
 """
 import tvm
 import tilelang.language as T
@@ -74,9 +74,20 @@ def ldsm_row(lane):
 
 
 def stsm_row(lane):
-    """Offset, within a unit, of the dim (the 16-byte row of Vᵀ) that ``lane`` addresses."""
-    matrix = lane // 8
-    return matrix // 2 * 16 + lane % 8 * 2 + matrix % 2
+    """Offset, within a unit, of the dim (the 16-byte row of Vᵀ) that ``lane`` addresses: row r
+    of matrix m is dim 2r + 16·(m // 2), plus 1 where m is odd or r ≥ 4 but not both
+    (``slot_selectors``)."""
+    matrix, row = lane // 8, lane % 8
+    return matrix // 2 * 16 + row * 2 + (matrix % 2 + row // 4) % 2
+
+
+def slot_selectors(lane):
+    """__byte_perm selectors of ``lane``'s STSM registers 0 and 2, and 1 and 3. Lanes 16..31
+    hold rows 4..7 of each matrix and swap dim parity. A matrix's 8 rows are then 8 dims of
+    distinct residues mod 8, one bank group each in the 32-byte-swizzled Vᵀ (bn 224): an STSM
+    phase is one wavefront, not two (notes/fp8.md "Session 56")."""
+    swap = lane // 16 * (EVEN_DIM_BYTES ^ ODD_DIM_BYTES)
+    return EVEN_DIM_BYTES ^ swap, ODD_DIM_BYTES ^ swap
 
 
 def block_mover(block_n: int, head_dim_v: int):
@@ -93,16 +104,13 @@ def block_mover(block_n: int, head_dim_v: int):
         T.call_intrin("handle", LDSM, 1, 4,
                       T.access_ptr(vsrc_s[stage, key0 + src_key, dim0 + src_dim], "r", 16),
                       T.access_ptr(regs[0], "w", 4))
+        first, second = (T.Cast("uint32", sel) for sel in slot_selectors(lane))
         T.call_intrin("handle", STSM, 0, 4,
                       T.access_ptr(v_s[stage, dim0 + stsm_row(lane), key0], "w", 16),
-                      T.call_extern("uint32", "__byte_perm", regs[0], regs[1],
-                                    T.uint32(EVEN_DIM_BYTES)),
-                      T.call_extern("uint32", "__byte_perm", regs[0], regs[1],
-                                    T.uint32(ODD_DIM_BYTES)),
-                      T.call_extern("uint32", "__byte_perm", regs[2], regs[3],
-                                    T.uint32(EVEN_DIM_BYTES)),
-                      T.call_extern("uint32", "__byte_perm", regs[2], regs[3],
-                                    T.uint32(ODD_DIM_BYTES)))
+                      T.call_extern("uint32", "__byte_perm", regs[0], regs[1], first),
+                      T.call_extern("uint32", "__byte_perm", regs[0], regs[1], second),
+                      T.call_extern("uint32", "__byte_perm", regs[2], regs[3], first),
+                      T.call_extern("uint32", "__byte_perm", regs[2], regs[3], second))
 
     @T.macro
     def move_block(vsrc_s, v_s, stage, warp, lane):

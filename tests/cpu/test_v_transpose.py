@@ -57,10 +57,11 @@ def model_transpose(v: np.ndarray) -> np.ndarray:
             for lane in range(32):
                 key, dim = v_transpose.ldsm_row(lane)
                 rows.append(v[key0 + key, dim0 + dim:dim0 + dim + 16].tobytes())
-            regs = [[byte_perm(r[0], r[1], v_transpose.EVEN_DIM_BYTES),
-                     byte_perm(r[0], r[1], v_transpose.ODD_DIM_BYTES),
-                     byte_perm(r[2], r[3], v_transpose.EVEN_DIM_BYTES),
-                     byte_perm(r[2], r[3], v_transpose.ODD_DIM_BYTES)] for r in ldsm_trans_x4(rows)]
+            regs = []
+            for lane, r in enumerate(ldsm_trans_x4(rows)):
+                first, second = v_transpose.slot_selectors(lane)
+                regs.append([byte_perm(r[0], r[1], first), byte_perm(r[0], r[1], second),
+                             byte_perm(r[2], r[3], first), byte_perm(r[2], r[3], second)])
             for lane, row in enumerate(stsm_x4(regs)):
                 dim = dim0 + v_transpose.stsm_row(lane)
                 assert (out[dim, key0:key0 + 16] == -1).all(), "a byte written twice"
@@ -79,6 +80,51 @@ def test_the_transposing_warps_write_vt_in_the_operand_key_order(block_n, head_d
     v = np.random.default_rng(0).integers(0, 256, (block_n, head_dim_v), dtype=np.uint8)
     keys = [coop.operand_key(a) for a in range(block_n)]
     assert (model_transpose(v) == v[keys, :].T).all()
+
+
+def wavefronts(byte_addresses) -> int:
+    """Shared-memory wavefronts of one LDSM / STSM phase (8 lanes, 16 bytes each): the most
+    distinct 4-byte words any of the 32 banks serves."""
+    words = {}
+    for address in byte_addresses:
+        for word in range(address // 4, address // 4 + 4):
+            words.setdefault(word % 32, set()).add(word)
+    return max(len(w) for w in words.values())
+
+
+def layout_offset(buffer_shape, index) -> int:
+    """The byte offset of an e4m3 element of a shared (rows, cols) buffer under TileLang's
+    swizzled layout (``coop.swizzled``), read from the layout's own index map."""
+    from tilelang import tvm
+    from tilelang.layout import make_swizzled_layout
+
+    layout = make_swizzled_layout(tvm.tirx.decl_buffer(buffer_shape, coop.FP8_DTYPE,
+                                                       scope="shared.dyn"))
+    offset = 0
+    for i, extent in zip(layout.map_forward_index([tvm.tirx.const(i, "int32") for i in index]),
+                         layout.get_output_shape()):
+        offset = offset * int(extent) + int(tvm.arith.Analyzer().simplify(i))
+    return offset
+
+
+@pytest.mark.parametrize("block_n,head_dim_v", [(224, 128), (224, 64)])
+def test_every_ldsm_and_stsm_phase_is_one_wavefront(block_n, head_dim_v):
+    """At bn 224 Vᵀ's rows are 224 bytes, so TileLang swizzles them by 32 bytes: a phase's 8
+    rows must be 8 dims of distinct residues mod 8 (``slot_selectors``), or it takes two."""
+    import functools
+
+    src = functools.partial(layout_offset, (block_n, head_dim_v))
+    dst = functools.partial(layout_offset, (head_dim_v, block_n))
+    phases = []
+    for warp in range(v_transpose.TRANSPOSE_WARPS):
+        for i in range(v_transpose.rounds_per_block(block_n, head_dim_v)):
+            key0, dim0 = v_transpose.unit_origin(warp, i, head_dim_v)
+            for lanes in (range(m, m + 8) for m in range(0, 32, 8)):
+                phases.append((
+                    wavefronts([src((key0 + v_transpose.ldsm_row(l)[0],
+                                     dim0 + v_transpose.ldsm_row(l)[1])) for l in lanes]),
+                    wavefronts([dst((dim0 + v_transpose.stsm_row(l), key0)) for l in lanes])))
+    assert set(phases) == {(1, 1)}
 
 
 @pytest.mark.parametrize("block_n,head_dim_v", [(200, 128), (224, 256), (224, 48), (48, 32),
