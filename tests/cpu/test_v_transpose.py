@@ -107,10 +107,11 @@ def layout_offset(buffer_shape, index) -> int:
     return offset
 
 
-@pytest.mark.parametrize("block_n,head_dim_v", [(224, 128), (224, 64)])
+@pytest.mark.parametrize("block_n,head_dim_v", [(224, 128), (224, 64), (256, 128)])
 def test_every_ldsm_and_stsm_phase_is_one_wavefront(block_n, head_dim_v):
-    """At bn 224 Vᵀ's rows are 224 bytes, so TileLang swizzles them by 32 bytes: a phase's 8
-    rows must be 8 dims of distinct residues mod 8 (``slot_selectors``), or it takes two."""
+    """At bn 224 Vᵀ's rows are 224 bytes, so TileLang swizzles them by 32 bytes (at 256, by
+    128): either way a phase's 8 rows must be 8 dims of distinct residues mod 8
+    (``slot_selectors``), or it takes two."""
     import functools
 
     src = functools.partial(layout_offset, (block_n, head_dim_v))
