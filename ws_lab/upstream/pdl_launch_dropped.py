@@ -85,20 +85,18 @@ def _lowered():
         return target, tilelang.lower(kernel(), target=target)
 
 
-def _device_attrs() -> dict:
+def _device_attrs(artifact) -> dict:
     """The dependent's device-function attributes as lowered for sm_90a."""
-    _, artifact = _lowered()
     (func,) = artifact.device_mod.functions.values()
     return {key: func.attrs[key] for key in func.attrs.keys()}
 
 
-def _cython_host_code() -> str:
+def _cython_host_code(target, artifact) -> str:
     """The launcher the cython backend builds (TileLang's TLWrapper, as its adapter calls it),
     without linking it: no libcuda needed."""
     import tvm
     from tilelang.jit.adapter.wrapper import TLWrapper
 
-    target, artifact = _lowered()
     func = kernel()
     wrapper = TLWrapper(target)
     wrapper.assign_optimized_module(tvm.IRModule({func.attrs["global_symbol"]: func}))
@@ -113,12 +111,13 @@ def check():
     programmatic dependent (a launch-param tag or the attribute in its host code); the bug is the
     mark without either, while the cython build sets the attribute."""
     default = _compiled("tvm_ffi")
-    attrs = _device_attrs()
+    target, artifact = _lowered()
+    attrs = _device_attrs(artifact)
     marked = int(attrs.get("has_cuda_pdl_sync", 0)) == 1
     params = [str(p) for p in attrs.get("tirx.kernel_launch_params", [])]
     launches_pdl = (any("programtic" in p or "programmatic" in p for p in params)
                     or PDL_ATTRIBUTE in default.get_host_source())
-    control_ok = PDL_ATTRIBUTE in _cython_host_code()
+    control_ok = PDL_ATTRIBUTE in _cython_host_code(target, artifact)
     return verdict(control_ok and marked and not launches_pdl, control_ok and launches_pdl,
                    f"tvm_ffi: has_cuda_pdl_sync={int(marked)}, launch params {params}; cython "
                    f"host code sets {PDL_ATTRIBUTE}: {control_ok}")
