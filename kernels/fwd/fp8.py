@@ -41,8 +41,8 @@ the H200, ahead of the second on the 8k rows and behind it on the 4k ones, where
 224-key block computes 3.9 % more keys (0.942–0.989 × FA3 FP8; notes/fp8.md, "Session 42").
 A fifth, ``design="coop-overlap-rs-vt"`` (``fp8-coop-rs-vt``), is the fourth reading V as
 stored: its producer warpgroup makes Vᵀ in shared memory, FA3's way
-(``kernels/fwd/v_transpose.py``), so no Triton pass runs before it. Lowered without spills
-(CPU); not yet run on a GPU (notes/fp8.md, "Session 55").
+(``kernels/fwd/v_transpose.py``), so no Triton pass runs before it: correct on the H100,
+0.966 × the fourth before its STSM bank conflict was fixed (notes/fp8.md, "Session 56").
 
 ``quantize(q, k, v, hadamard=)`` makes the inputs from bf16 / fp16 ones: per-(batch, KV head)
 descales, and optionally FA3's incoherent processing (q and k rotated by one random-sign
