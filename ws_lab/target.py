@@ -24,17 +24,10 @@ def require_distinct_buffers(func) -> None:
         owner[buf.data] = name
 
 
-# TileLang 0.1.15's default launcher (tvm_ffi) drops the programmatic-serialization attribute of a
-# kernel holding T.pdl_sync; the cython launcher sets it (ws_lab/upstream/pdl_launch_dropped.py).
-PDL_BACKEND = "cython"
-
-
-def compile_sm90a(func, pass_configs=None, pdl=False):
+def compile_sm90a(func, pass_configs=None):
     """Compiles a prim_func for sm_90a (a plain 'cuda' target may pick sm_90, which has no
-    wgmma), after ``require_distinct_buffers``; ``pdl``: launched as a programmatic dependent
-    where it holds ``T.pdl_sync``."""
+    wgmma), after ``require_distinct_buffers``."""
     import tilelang
 
     require_distinct_buffers(func)
-    return tilelang.compile(func, target=SM90A, pass_configs=pass_configs,
-                            execution_backend=PDL_BACKEND if pdl else None)
+    return tilelang.compile(func, target=SM90A, pass_configs=pass_configs)

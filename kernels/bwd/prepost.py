@@ -152,9 +152,9 @@ def postprocess(batch, seq_len, heads, head_dim, dtype, planes: int = 1, layout:
 @functools.lru_cache(maxsize=None)
 def compiled_preprocess(*args, clear_dq=True, planes=1, layout="padded", pdl=False):
     return compile_sm90a(preprocess(*args, clear_dq=clear_dq, planes=planes, layout=layout,
-                                    pdl=pdl), pdl=pdl)
+                                    pdl=pdl))
 
 
 @functools.lru_cache(maxsize=None)
 def compiled_postprocess(*args, pdl=False):
-    return compile_sm90a(postprocess(*args, pdl=pdl), pdl=pdl)
+    return compile_sm90a(postprocess(*args, pdl=pdl))

@@ -321,8 +321,8 @@ def flash_bwd_ws(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softm
 
 @functools.lru_cache(maxsize=None)
 def compiled(*args):
-    """The kernel for ``flash_bwd_ws``'s positional arguments (``pdl`` last)."""
-    return compile_sm90a(flash_bwd_ws(*args), PASS_CONFIGS, pdl=args[-1])
+    """The kernel for ``flash_bwd_ws``'s positional arguments."""
+    return compile_sm90a(flash_bwd_ws(*args), PASS_CONFIGS)
 
 
 def prim_func_for(shape):
