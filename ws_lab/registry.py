@@ -108,6 +108,8 @@ _register("fp8-coop-persistent", "ws_lab.kernels.fwd.fp8", kind="fp8",
           design="coop-overlap-persistent")
 _register("fp8-coop-rs", "ws_lab.kernels.fwd.fp8", kind="fp8", design="coop-overlap-rs")
 _register("fp8-coop-rs-vt", "ws_lab.kernels.fwd.fp8", kind="fp8", design="coop-overlap-rs-vt")
+_register("fp8-coop-rs-persistent", "ws_lab.kernels.fwd.fp8", kind="fp8",
+          design="coop-overlap-rs-persistent")
 
 
 def get(name: str) -> Kernel:

@@ -22,7 +22,9 @@ class NamedBarrier(IntEnum):
     """Hardware named barrier ids of the lab's warp-specialized kernels, forward and backward."""
     WARP_SCHEDULER_WG1 = 1  # pingpong: WG1 may issue its QK GEMM (256 = 128 sync + 128 arrive)
     WARP_SCHEDULER_WG2 = 2
-    EPILOGUE_WG1 = 3  # WG1's 128 threads have written their O tile to shared memory
+    # WG1's 128 threads have written their O tile to shared memory; persistent FP8 with P in
+    # registers, also before they write it again (the last tile's O store has read it)
+    EPILOGUE_WG1 = 3
     EPILOGUE_WG2 = 4
     ROW_SUM = 5  # largehdv: WG1's final row sums are in smem for WG2 (128 arrive + 128 sync)
     # The backward's dQ staging, a consumer warpgroup's 128 threads (ids 10 and 11, one a

@@ -67,7 +67,10 @@ and made into Vᵀ by the whole producer warpgroup (still setmaxnreg 24;
 ``kernels/fwd/v_transpose.py``), +56 KB at bn 224.
 Persistent, bn 256: Q 2 · 16 + K/Vᵀ 128 + P 32 KB + anchors = 196 KB; a bf16 O tile would pass
 the 227 KB, so O goes from registers to global memory (bounded stores) and the Q slot is handed
-back at once; the walk's L2 rules count 1-byte K / V.
+back at once; the walk's L2 rules count 1-byte K / V. Persistent with P in registers (bn 224):
+Q 2 · 16 + K/Vᵀ 112 + O 32 KB = 176 KB, so O keeps its tile and TMA store (FA3's epilogue), the
+tile reused once the last store has read it (its issuing thread waits; the warpgroup's epilogue
+barrier orders the rest).
 TileLang's automatic barrier insertion is off (``tl.disable_thread_storage_sync``): it would put
 ``__syncthreads()`` where only some warpgroups arrive. Its shared-memory reuse is off too
 (``tl.disable_shared_memory_reuse``): without those syncs, reusing a buffer's bytes for another
@@ -443,15 +446,17 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
     def epilogue(wg, st: SoftmaxState, q_s, slot, q_empty, out_tile, f8: Fp8Epilogue, kvh, b):
         """O / l → this warpgroup's half of the tile's Q slot (its last QK GEMM has retired)
         → TMA store; persistent: hand the slot back once the store has read it. FP8: O · V's
-        descale → its own bf16 tile → TMA store, or (persistent, no O tile) registers → global
-        memory, and the slot goes back at once."""
+        descale → its own bf16 tile → TMA store, or (persistent at bn 256, no O tile) registers
+        → global memory; the Q slot goes back at once."""
         normalize_o(st.acc_o, st.row_sum, st.row_rescale, HALF, head_dim_v)
         if fp8:
             for i, j in T.Parallel(HALF, head_dim_v):
                 st.acc_o[i, j] *= f8.v_descale[b, kvh]
-            if cfg.persistent:
+            if f8.o_s is None:  # persistent at bn 256: no room for O's tile
                 T.copy(st.acc_o, out_tile)
             else:
+                if cfg.persistent:  # the last tile's O store has read o_s (its thread waited)
+                    T.sync_threads(EPILOGUES[wg], 128)
                 store_o(st.acc_o, f8.o_s[wg, :, :], out_tile, EPILOGUES[wg])
         else:
             store_o(st.acc_o, q_s[slot, wg, :, :], out_tile, EPILOGUES[wg])
@@ -698,7 +703,8 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
         @T.macro
         def persistent_body(Q, K, V, Out, f8_descales):
             """One CTA per SM: the buffers, the roles and their register budgets. FP8: V is
-            Vᵀ, each warpgroup has a P tile, and O leaves from registers (no tile for it)."""
+            Vᵀ; each warpgroup has a P tile and O leaves from registers, or (P in registers)
+            O leaves through a tile of its own."""
             cluster = {"cluster_dims": lanes} if lanes > 1 else {}
             with T.Kernel(sched.ctas, threads=CONSUMER_THREADS + 128, **cluster) as cta:
                 q_s = T.alloc_shared([slots, 2, HALF, head_dim], dtype)
@@ -711,10 +717,12 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
                 k_full = T.alloc_barrier([PRODUCER_WARP] * stages)
                 v_full = T.alloc_barrier([PRODUCER_WARP] * stages)
                 k_empty, v_empty = alloc_kv_empty()
-                if fp8:
+                if fp8:  # P in a tile, or (in registers) O in one: not both (227 KB)
                     p_s = None if cfg.p_in_registers else T.alloc_shared([2, HALF, bn], dtype)
+                    o_s = (T.alloc_shared([2, HALF, head_dim_v], "bfloat16")
+                           if cfg.p_in_registers else None)
                     kv = KVStages(k_s, v_s, k_full, k_empty, v_full, v_empty, p_s)
-                    f8 = Fp8Epilogue(*f8_descales, None)
+                    f8 = Fp8Epilogue(*f8_descales, o_s)
                 else:
                     kv = KVStages(k_s, v_s, k_full, k_empty, v_full, v_empty)
                     f8 = None

@@ -42,7 +42,10 @@ the H200, ahead of the second on the 8k rows and behind it on the 4k ones, where
 A fifth, ``design="coop-overlap-rs-vt"`` (``fp8-coop-rs-vt``), is the fourth reading V as
 stored: its producer warpgroup makes Vᵀ in shared memory, FA3's way
 (``kernels/fwd/v_transpose.py``), so no Triton pass runs before it: correct on the H100,
-0.966 × the fourth before its STSM bank conflict was fixed (notes/fp8.md, "Session 56").
+0.964–0.971 × the fourth, also with its STSM bank conflicts fixed (notes/fp8.md, "Session 57").
+A sixth, ``design="coop-overlap-rs-persistent"`` (``fp8-coop-rs-persistent``), runs the fourth
+on the persistent walk; with P in registers O keeps its tile and TMA store (180 KB): level
+with the fourth on llama8b-4k, 1 % behind on train8b-4k (notes/fp8.md, "Session 57").
 
 ``quantize(q, k, v, hadamard=)`` makes the inputs from bf16 / fp16 ones: per-(batch, KV head)
 descales, and optionally FA3's incoherent processing (q and k rotated by one random-sign
@@ -74,8 +77,9 @@ INPUT_DTYPE = TL_FP8  # what ``python -m ws_lab.emit fp8`` reports (the shape's 
 OUT_DTYPE = torch.bfloat16
 HEAD_DIMS = ((64, 64), (128, 128))
 DESIGNS = ("pipelined", "coop-overlap", "coop-overlap-persistent", "coop-overlap-rs",
-           "coop-overlap-rs-vt")
+           "coop-overlap-rs-vt", "coop-overlap-rs-persistent")
 RS_DESIGNS = DESIGNS[3:]  # P from registers, Vᵀ's keys in coop.operand_key's order
+PERSISTENT_DESIGNS = ("coop-overlap-persistent", "coop-overlap-rs-persistent")
 # TileLang's shared-memory syncs off (the kernel's named barriers order P and O; notes/fp8.md,
 # "Session 38"), reuse off with them (tilelang #2416), and fast math (bare ex2.approx)
 PASS_CONFIGS = {tilelang.PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True,
@@ -199,11 +203,12 @@ def coop_config_for(causal: bool, persistent: bool = False, cluster: int = 1,
     persistent 196 KB (Q's two slots, no O tile: O leaves from registers).
     ``p_in_registers`` ("coop-overlap-rs"): FA3's FP8 tile, bn 224, P from registers (S, P
     and O in flight at bn 256 pass the consumers' 240 registers: ptxas serialises the wgmmas;
-    notes/fp8.md, "Session 41"); 164 KB, no P tile. ``transpose_v`` ("coop-overlap-rs-vt"):
-    the same with Vᵀ made in the kernel (kernels/fwd/v_transpose.py): 220 KB."""
+    notes/fp8.md, "Session 41"); 164 KB, no P tile; persistent ("coop-overlap-rs-persistent")
+    176 KB, O keeping its tile. ``transpose_v`` ("coop-overlap-rs-vt"): the same with Vᵀ made
+    in the kernel (kernels/fwd/v_transpose.py): 220 KB."""
     if p_in_registers:
         return coop.Config(224, 2, True, heavy_first=causal, p_in_registers=True,
-                           transpose_v=transpose_v)
+                           transpose_v=transpose_v, persistent=persistent, cluster=cluster)
     return coop.Config(256, 2, True, heavy_first=causal,
                        persistent=persistent, cluster=cluster)
 
@@ -244,14 +249,21 @@ def coop_kernel(problem, design: str, cluster, device):
     """(Config, compiled kernel) of a coop-overlap design for ``problem`` (batch, S, Hq, Hkv,
     D, causal, scale); the persistent walk sized to ``device`` and, ``cluster`` None, paired by
     ``cluster_for`` on e4m3 K / V."""
-    if design != "coop-overlap-persistent":
+    if design not in PERSISTENT_DESIGNS:
         cfg = design_config(design, problem[5])
         return cfg, compiled_coop(*problem, cfg)
     sms, l2 = persistent_device_args(device)
-    if cluster is None:
-        cluster = cluster_for(*problem[:4], problem[4], problem[4], l2, elem_bytes=1)
-    cfg = coop_config_for(problem[5], persistent=True, cluster=cluster)
+    cfg = persistent_config(design, problem, l2, cluster)
     return cfg, compiled_coop(*problem, cfg, sms, l2)
+
+
+def persistent_config(design: str, problem, l2_bytes: int, cluster=None) -> coop.Config:
+    """A persistent design's tiles for ``problem``; ``cluster`` None: paired by ``cluster_for``
+    on e4m3 K / V."""
+    if cluster is None:
+        cluster = cluster_for(*problem[:4], problem[4], problem[4], l2_bytes, elem_bytes=1)
+    return coop_config_for(problem[5], persistent=True, cluster=cluster,
+                           p_in_registers=design in RS_DESIGNS)
 
 
 TRANSPOSE_KEYS = 64  # keys a program of ``transpose_v`` moves (all Dv of them)
@@ -307,15 +319,17 @@ def attention_fp8(q, k, v, causal=False, softmax_scale=None, *, q_descale=None, 
     "coop-overlap-persistent" (the same on the persistent walk; ``cluster``: 2 forces CTA
     pairs multicasting K / Vᵀ, 1 single CTAs, None picks by ``cluster_for``) or
     "coop-overlap-rs" (the second with P from registers at bn 224) or "coop-overlap-rs-vt"
-    (the fourth reading V as stored: its producer warpgroup transposes it)."""
+    (the fourth reading V as stored: its producer warpgroup transposes it) or
+    "coop-overlap-rs-persistent" (the fourth on the persistent walk, O through its own tile;
+    ``cluster`` as the third's)."""
     if design not in DESIGNS:
         raise ValueError(f"design must be one of {DESIGNS}, got {design!r}")
     if return_lse and design != "pipelined":
         raise ValueError(f"return_lse needs design='pipelined' (the {design} kernel has no lse "
                          "output yet)")
-    if cluster not in (None, 1, 2) or (cluster is not None and design != DESIGNS[2]):
-        raise ValueError(f"cluster must be None, 1 or 2 with design={DESIGNS[2]!r}, got "
-                         f"cluster={cluster!r} with design={design!r}")
+    if cluster not in (None, 1, 2) or (cluster is not None and design not in PERSISTENT_DESIGNS):
+        raise ValueError(f"cluster must be None, 1 or 2 with a persistent design "
+                         f"{PERSISTENT_DESIGNS}, got cluster={cluster!r} with design={design!r}")
     dims = validate_attention_inputs(q, k, v, supported_head_dims=HEAD_DIMS, causal=causal,
                                      softmax_scale=softmax_scale, dtypes=(FP8,), devices="any")
     want = (dims.batch, dims.kv_heads)
@@ -439,10 +453,10 @@ def prim_func_for(shape, config=None, design: str = "pipelined"):
         return flash_fwd_fp8(shape.batch, shape.seq_len, shape.heads, shape.kv_heads,
                              shape.head_dim, shape.causal, scale,
                              config or config_for(shape.causal))
-    if config is None and design == "coop-overlap-persistent":  # paired as on an H100
-        config = coop_config_for(shape.causal, True, cluster_for(
-            shape.batch, shape.seq_len, shape.heads, shape.kv_heads, shape.head_dim,
-            shape.head_dim, H100_L2_BYTES, elem_bytes=1))
+    if config is None and design in PERSISTENT_DESIGNS:  # paired as on an H100
+        config = persistent_config(design, (shape.batch, shape.seq_len, shape.heads,
+                                            shape.kv_heads, shape.head_dim, shape.causal),
+                                   H100_L2_BYTES)
     config = config or design_config(design, shape.causal)
     return coop.coop_fwd(shape.batch, shape.seq_len, shape.heads, shape.kv_heads,
                          shape.head_dim, shape.head_dim, shape.causal, coop.FP8_DTYPE, scale,

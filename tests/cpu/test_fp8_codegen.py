@@ -12,7 +12,7 @@ import torch
 
 from ws_lab import emit, oracle, registry, shapes
 from ws_lab.kernels.fwd import coop, coop_overlap, fp8
-from ws_lab.kernels.fwd.barriers import NamedBarrier
+from ws_lab.kernels.fwd.barriers import EPILOGUES, NamedBarrier
 from ws_lab.postproc import drop_anchor_fences
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
@@ -96,6 +96,29 @@ def test_the_persistent_design_fits_256_key_blocks_and_stores_o_from_registers(
     assert fp8.coop_config_for(shape.causal, persistent=True).block_n == 256
     assert ("tl::cluster_sync()" in emitted.source) == (cluster == 2)
     assert "VDescale[" in emitted.source and "o_s" not in emitted.source
+
+
+@needs_nvcc
+@pytest.mark.parametrize("name,cluster", [("train8b-8k", 2), ("llama8b-4k", 1)])
+def test_the_rs_persistent_design_keeps_o_in_its_tile(tmp_path, name, cluster):
+    """``design="coop-overlap-rs-persistent"``: the RS design on the persistent walk. With no
+    P tile, O keeps its bf16 tile and TMA store within the 227 KB (176 KB at bn 224), no
+    spill; each epilogue waits on its warpgroup's barrier before it writes the tile again
+    (the last store has read it), as well as before the store."""
+    shape = shapes.SHAPES[name]
+    func = fp8.prim_func_for(shape, design="coop-overlap-rs-persistent")
+    passes = registry.get("fp8-coop-rs-persistent").postproc_passes
+    emitted = emit.lower_variant("fp8-coop-rs-persistent", shape, func, fp8.coop.PASS_CONFIGS,
+                                 passes)
+    summary = emit.inspect(emitted, tmp_path)
+    d = shape.head_dim
+    assert set(summary.hgmma) == {f"64x{d}x32.F32.E4M3.E4M3.RS", "64x224x32.F32.E4M3.E4M3"}, \
+        summary.format()
+    assert summary.spill_bytes == 0 and summary.stack_frame == 0, summary.format()
+    assert summary.dyn_smem <= 227 * 1024 and summary.counts["UTMASTG"] > 0, summary.format()
+    assert ("tl::cluster_sync()" in emitted.source) == (cluster == 2)
+    for wg_barrier in EPILOGUES:
+        assert emitted.source.count(f"tl::__sync_thread_partial({int(wg_barrier)}, 128)") == 2
 
 
 def test_the_operand_key_order_moves_no_register_between_threads():
@@ -190,9 +213,9 @@ def test_fp8_forward_refuses_bad_inputs_before_a_launch():
         fp8.attention_fp8(q, kv, kv, design="persistent-coop")
     with pytest.raises(ValueError, match="return_lse needs design='pipelined'"):
         fp8.attention_fp8(q, kv, kv, return_lse=True, design="coop-overlap")
-    with pytest.raises(ValueError, match="cluster must be None, 1 or 2 with design="):
+    with pytest.raises(ValueError, match="cluster must be None, 1 or 2 with a persistent design"):
         fp8.attention_fp8(q, kv, kv, cluster=2, design="coop-overlap")
-    with pytest.raises(ValueError, match="cluster must be None, 1 or 2 with design="):
+    with pytest.raises(ValueError, match="cluster must be None, 1 or 2 with a persistent design"):
         fp8.attention_fp8(q, kv, kv, cluster=4, design="coop-overlap-persistent")
 
 
@@ -208,10 +231,13 @@ def test_the_registry_binds_each_fp8_design():
     assert registry.get("fp8-coop-rs").fp8_attention.keywords == {"design": "coop-overlap-rs"}
     assert registry.get("fp8-coop-rs-vt").fp8_attention.keywords == {
         "design": "coop-overlap-rs-vt"}
+    assert registry.get("fp8-coop-rs-persistent").fp8_attention.keywords == {
+        "design": "coop-overlap-rs-persistent"}
     assert registry.get("fp8").fp8_attention.keywords == {}
     # ws_lab.emit shows each design through the passes it compiles under
     assert registry.get("fp8").postproc_passes == ()
-    for name in ("fp8-coop", "fp8-coop-persistent", "fp8-coop-rs", "fp8-coop-rs-vt"):
+    for name in ("fp8-coop", "fp8-coop-persistent", "fp8-coop-rs", "fp8-coop-rs-vt",
+                 "fp8-coop-rs-persistent"):
         assert registry.get(name).postproc_passes == (drop_anchor_fences,), name
     with pytest.raises(TypeError, match="fp8 is a fp8 kernel, not a fwd one"):
         registry.get("fp8").attention

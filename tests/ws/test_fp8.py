@@ -91,6 +91,15 @@ def test_fp8_rs_vt_forward_matches_the_oracle_on_dequantised_inputs(head_dim, ca
     assert oracle.rel_l2(got, ref) < BOUND
 
 
+@pytest.mark.parametrize("head_dim,causal,group,seq_len", CASES)
+def test_fp8_rs_persistent_forward_matches_the_oracle_on_dequantised_inputs(head_dim, causal,
+                                                                           group, seq_len):
+    """The RS design on the persistent walk, O through its own tile by TMA: the same grid."""
+    got, (ref, _) = random_case(head_dim, causal, group, seq_len,
+                                design="coop-overlap-rs-persistent")
+    assert oracle.rel_l2(got, ref) < BOUND
+
+
 @pytest.mark.parametrize("block_n,head_dim_v", [(224, 128), (224, 64)])
 def test_the_in_kernel_transpose_moves_every_byte_of_a_block(block_n, head_dim_v):
     """``v_transpose.block_mover`` alone (``transpose_block_kernel``): one random byte block
@@ -106,12 +115,12 @@ def test_the_in_kernel_transpose_moves_every_byte_of_a_block(block_n, head_dim_v
     assert torch.equal(vt, v[keys].T)
 
 
+@pytest.mark.parametrize("design", fp8.PERSISTENT_DESIGNS)
 @pytest.mark.parametrize("head_dim,causal,group,seq_len",
                          [c for c in CASES if c[2] % 2 == 0 and c[3] > 1])
-def test_fp8_persistent_cta_pairs_match_the_oracle(head_dim, causal, group, seq_len):
-    """The persistent design on CTA pairs (K / Vᵀ multicast into both CTAs of a pair)."""
-    got, (ref, _) = random_case(head_dim, causal, group, seq_len,
-                                design="coop-overlap-persistent", cluster=2)
+def test_fp8_persistent_cta_pairs_match_the_oracle(head_dim, causal, group, seq_len, design):
+    """The persistent designs on CTA pairs (K / Vᵀ multicast into both CTAs of a pair)."""
+    got, (ref, _) = random_case(head_dim, causal, group, seq_len, design=design, cluster=2)
     assert oracle.rel_l2(got, ref) < BOUND
 
 
@@ -179,6 +188,9 @@ for d, causal, s, group in ((64, True, 127, 4), (128, False, 200, 1)):
     out = fp8.attention_fp8(q, k, v, causal, design="coop-overlap-rs")
     assert torch.isfinite(out).all()
     out = fp8.attention_fp8(q, k, v, causal, design="coop-overlap-rs-vt")
+    assert torch.isfinite(out).all()
+    out = fp8.attention_fp8(q, k, v, causal, design="coop-overlap-rs-persistent",
+                            cluster=2 if group % 2 == 0 else 1)
     assert torch.isfinite(out).all()
 """
 
