@@ -48,7 +48,7 @@ from ws_lab.shapes import Shape
 
 def overlap_mainloop(deferred_sums: bool = True, split_mask: bool = True,
                      anchor_probs: bool = True, clear_first_pv: bool = True,
-                     lazy_rescale: bool = False):
+                     lazy_rescale: bool = False, exp2_fma_every: int = 0):
     """The mainloop factory (one object per variant, so ``coop.compiled``'s cache hits).
 
     deferred_sums: each thread keeps 16-column partial row sums (``add_partial_sums``) and the
@@ -66,9 +66,12 @@ def overlap_mainloop(deferred_sums: bool = True, split_mask: bool = True,
       more than ``softmax.LAZY_RESCALE_LOG2`` (probabilities stay below 2^8), and the O and
       partial-sum rescales are skipped by a thread whose factors are all 1
       (``postproc.skip_unit_rescale``). Off until measured (notes/coop_overlap.md
-      "Session 45")."""
+      "Session 45").
+    exp2_fma_every: every n-th 8-column group of a block's exp2s on the FMA pipe
+      (``softmax.exp2_fma``, FA4's emulation) to unload MUFU; 0: all on MUFU. Off until
+      measured (notes/fp8.md "Session 58")."""
     return _mainloop_factory(bool(deferred_sums), bool(split_mask), bool(anchor_probs),
-                             bool(clear_first_pv), bool(lazy_rescale))
+                             bool(clear_first_pv), bool(lazy_rescale), int(exp2_fma_every))
 
 
 ANCHOR_COLS = 8  # a 64 × 8 stripe of the score tile: 4 elements a thread (wgmma layout)
@@ -77,7 +80,7 @@ POSTPROC_PASSES = (drop_anchor_fences,)  # what the family compiles under (ws_la
 
 @functools.lru_cache(maxsize=None)
 def _mainloop_factory(deferred_sums: bool, split_mask: bool, anchor_probs: bool,
-                      clear_first_pv: bool, lazy_rescale: bool = False):
+                      clear_first_pv: bool, lazy_rescale: bool = False, exp2_fma_every: int = 0):
     threshold = LAZY_RESCALE_LOG2 if lazy_rescale else None
 
     def factory(t: coop.MainloopContext) -> coop.Mainloop:
@@ -96,13 +99,13 @@ def _mainloop_factory(deferred_sums: bool, split_mask: bool, anchor_probs: bool,
         def row_stats(st: SoftmaxState, part_sum):
             if deferred_sums:
                 softmax_probs(st.acc_s, st.row_max, st.row_max_prev, st.row_rescale, HALF, t.bn,
-                              t.scale(st), threshold, t.prob_log2_offset)
+                              t.scale(st), threshold, t.prob_log2_offset, exp2_fma_every)
                 rescale_partial_sums(part_sum, st.row_rescale, HALF)
                 add_partial_sums(st.acc_s, part_sum, HALF, t.bn)
             else:
                 softmax_stats(st.acc_s, st.row_max, st.row_max_prev, st.row_rescale,
                               st.block_sum, st.row_sum, HALF, t.bn, t.scale(st), threshold,
-                              t.prob_log2_offset)
+                              t.prob_log2_offset, exp2_fma_every)
 
         @T.macro
         def step(wg, kb, row0, mask, q_s, kv: KVStages, st: SoftmaxState, part_sum, slot, it0,

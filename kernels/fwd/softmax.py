@@ -2,6 +2,8 @@
 
 FA3 counterpart: ``hopper/softmax.h`` (``max_get_scale`` + ``online_softmax``, then ``rescale_o``).
 Scores are scaled inside exp2 (``scale · log2 e``), so one FFMA per element does scale and shift.
+``exp2_fma`` is 2^x without MUFU (FA4's emulation), for a share of a block's exp2s
+(``scaled_exp2``'s ``fma_every``; notes/fp8.md "Session 58").
 """
 from dataclasses import dataclass
 
@@ -15,6 +17,12 @@ LAZY_RESCALE_LOG2 = 8.0
 # of the row max (2^-6 with P in [0, 1]); the 2^8 cancels in O / rowsum (FA3's Max_offset;
 # notes/fp8.md, "Session 51")
 FP8_PROB_LOG2_OFFSET = 8.0
+# exp2 on the FMA pipe (FA4's emulation, for the MUFU-bound FP8 loop): round to nearest by
+# adding 1.5·2^23, a cubic for 2^f on f in [-1/2, 1/2] (Chebyshev fit, relative error 1.1e-4,
+# far below e4m3's 2^-4), the integer part added into the exponent bits
+EXP2_ROUND_MAGIC = 12582912.0
+EXP2_CUBIC = (0.99992448, 0.69312103, 0.24264008, 0.05592204)
+EXP2_GROUP_COLS = 8  # wgmma's accumulator: a thread's columns of one 8-column group
 
 
 @dataclass(frozen=True)
@@ -94,26 +102,31 @@ def first_masked_block(causal: bool, seq_len: int, block_n: int, row0, loop_rang
     return loop_range
 
 
+def exp2_fma(x):
+    """2^x from FADD / FFMA / integer ops only (no MUFU): x below -126 (−inf included) gives
+    2^-126, which is 0 to e4m3 and nothing to a row sum of at least 1."""
+    x = T.max(x, -126.0)
+    # round(x) sits in the low mantissa bits; the bit view keeps TVM's simplifier from folding
+    # (x + M) − M back to x
+    rounded = T.reinterpret("int32", x + EXP2_ROUND_MAGIC)
+    frac = x - (T.reinterpret("float32", rounded) - EXP2_ROUND_MAGIC)
+    c0, c1, c2, c3 = EXP2_CUBIC
+    poly = ((c3 * frac + c2) * frac + c1) * frac + c0
+    return T.reinterpret("float32", T.reinterpret("int32", poly) + T.shift_left(rounded, 23))
+
+
 @T.macro
-def softmax_probs(acc_s, row_max, row_max_prev, row_rescale, rows, cols, scale_log2,
-                  rescale_threshold=None, prob_log2_offset=0.0):
-    """acc_s (rows × cols fp32 scores) -> exp2 of the scaled, max-shifted scores, in place; the
-    running max advances and row_rescale holds the factor for the old O and row sums.
-    ``rescale_threshold`` (log2 units; FA4's conditional rescale): a row's max moves only when
-    the block raises it by more than that, so most blocks rescale by exactly 1 and the
-    probabilities stay below 2^threshold; O / rowsum is unchanged, since both use one max.
-    ``prob_log2_offset``: P = exp2(s·scale − max·scale + offset) (FP8_PROB_LOG2_OFFSET), the
-    offset folded into the per-row shift, so each element still costs one FFMA and one exp2."""
-    T.copy(row_max, row_max_prev)
-    T.reduce_max(acc_s, row_max, dim=1, clear=False)
-    if rescale_threshold is not None:
-        for i in T.Parallel(rows):  # -inf to a finite max: +inf > threshold, the max moves
-            row_max[i] = T.if_then_else(
-                (row_max[i] - row_max_prev[i]) * scale_log2 > rescale_threshold, row_max[i],
-                row_max_prev[i])
-    for i in T.Parallel(rows):
-        row_rescale[i] = T.exp2(row_max_prev[i] * scale_log2 - row_max[i] * scale_log2)
-    if prob_log2_offset != 0.0:  # a branch, so the bf16 kernels' CUDA carries no "- 0"
+def scaled_exp2(acc_s, row_max, rows, cols, scale_log2, prob_log2_offset, fma_every):
+    """acc_s = exp2(acc_s·scale − max·scale + offset); every ``fma_every``-th 8-column group
+    by ``exp2_fma`` (0: none), the rest on MUFU."""
+    if fma_every:
+        for g in T.unroll(cols // EXP2_GROUP_COLS):
+            for i, j in T.Parallel(rows, EXP2_GROUP_COLS):
+                x = acc_s[i, g * EXP2_GROUP_COLS + j] * scale_log2 - (
+                    row_max[i] * scale_log2 - prob_log2_offset)
+                acc_s[i, g * EXP2_GROUP_COLS + j] = T.if_then_else(
+                    g % fma_every == fma_every - 1, exp2_fma(x), T.exp2(x))
+    elif prob_log2_offset != 0.0:  # a branch, so the bf16 kernels' CUDA carries no "- 0"
         for i, j in T.Parallel(rows, cols):
             acc_s[i, j] = T.exp2(acc_s[i, j] * scale_log2 - (row_max[i] * scale_log2
                                                                - prob_log2_offset))
@@ -123,11 +136,34 @@ def softmax_probs(acc_s, row_max, row_max_prev, row_rescale, rows, cols, scale_l
 
 
 @T.macro
+def softmax_probs(acc_s, row_max, row_max_prev, row_rescale, rows, cols, scale_log2,
+                  rescale_threshold=None, prob_log2_offset=0.0, fma_every=0):
+    """acc_s (rows × cols fp32 scores) -> exp2 of the scaled, max-shifted scores, in place; the
+    running max advances and row_rescale holds the factor for the old O and row sums.
+    ``rescale_threshold`` (log2 units; FA4's conditional rescale): a row's max moves only when
+    the block raises it by more than that, so most blocks rescale by exactly 1 and the
+    probabilities stay below 2^threshold; O / rowsum is unchanged, since both use one max.
+    ``prob_log2_offset``: P = exp2(s·scale − max·scale + offset) (FP8_PROB_LOG2_OFFSET), the
+    offset folded into the per-row shift, so each element still costs one FFMA and one exp2.
+    ``fma_every``: every n-th 8-column group's exp2 on the FMA pipe (``exp2_fma``)."""
+    T.copy(row_max, row_max_prev)
+    T.reduce_max(acc_s, row_max, dim=1, clear=False)
+    if rescale_threshold is not None:
+        for i in T.Parallel(rows):  # -inf to a finite max: +inf > threshold, the max moves
+            row_max[i] = T.if_then_else(
+                (row_max[i] - row_max_prev[i]) * scale_log2 > rescale_threshold, row_max[i],
+                row_max_prev[i])
+    for i in T.Parallel(rows):
+        row_rescale[i] = T.exp2(row_max_prev[i] * scale_log2 - row_max[i] * scale_log2)
+    scaled_exp2(acc_s, row_max, rows, cols, scale_log2, prob_log2_offset, fma_every)
+
+
+@T.macro
 def softmax_stats(acc_s, row_max, row_max_prev, row_rescale, block_sum, row_sum, rows, cols,
-                  scale_log2, rescale_threshold=None, prob_log2_offset=0.0):
+                  scale_log2, rescale_threshold=None, prob_log2_offset=0.0, fma_every=0):
     """softmax_probs, then the running row sums advance (one full row reduction per block)."""
     softmax_probs(acc_s, row_max, row_max_prev, row_rescale, rows, cols, scale_log2,
-                  rescale_threshold, prob_log2_offset)
+                  rescale_threshold, prob_log2_offset, fma_every)
     T.reduce_sum(acc_s, block_sum, dim=1)
     for i in T.Parallel(rows):
         row_sum[i] = row_sum[i] * row_rescale[i] + block_sum[i]

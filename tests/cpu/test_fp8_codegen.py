@@ -3,15 +3,18 @@ as their docstrings say (every GEMM on e4m3 wgmma (QGMMA) from shared memory, P 
 memory or, in the RS design, from registers, Vᵀ K-major, the producer / consumer register split, no spill, the kernels' own
 barriers only); bad inputs are refused before a launch; the registry binds each design;
 ``quantize`` and its Hadamard option do what they say, measured with the float64 oracle (Vᵀ's
-Triton pass: tests/cpu/interpret_cases.py)."""
+Triton pass: tests/cpu/interpret_cases.py); the exp2 of the FMA-pipe option is 2^x after TVM's
+simplifier and moves its share of the exp2s off MUFU."""
 import re
 import shutil
 
+import numpy as np
 import pytest
 import torch
+from tilelang import tvm
 
 from ws_lab import emit, oracle, registry, shapes
-from ws_lab.kernels.fwd import coop, coop_overlap, fp8
+from ws_lab.kernels.fwd import coop, coop_overlap, fp8, softmax
 from ws_lab.kernels.fwd.barriers import EPILOGUES, NamedBarrier
 from ws_lab.postproc import drop_anchor_fences
 
@@ -284,3 +287,56 @@ def test_hadamard_cuts_the_quantisation_error_of_outlier_channels():
         *outliers, hadamard=False) / 2
     assert quantisation_error(*plain, hadamard=True) < quantisation_error(
         *plain, hadamard=False) * 1.1
+
+
+def _evaluate(expr, env):
+    """A TIR expression's value in numpy, op by op in float32 / int32 (what the GPU computes,
+    but for FFMA's single rounding)."""
+    tir = tvm.tirx
+    if isinstance(expr, tir.Var):
+        return env[expr.name]
+    if isinstance(expr, (tir.FloatImm, tir.IntImm)):
+        return np.array(expr.value, dtype=np.float32 if expr.dtype == "float32" else np.int32)
+    binary = {tir.Add: np.add, tir.Sub: np.subtract, tir.Mul: np.multiply, tir.Max: np.maximum}
+    if type(expr) in binary:
+        return binary[type(expr)](_evaluate(expr.a, env), _evaluate(expr.b, env))
+    if isinstance(expr, tir.Call) and expr.op.name.endswith(".reinterpret"):
+        return _evaluate(expr.args[0], env).view(np.int32 if expr.dtype == "int32" else np.float32)
+    if isinstance(expr, tir.Call) and expr.op.name.endswith(".shift_left"):
+        return np.left_shift(*(_evaluate(a, env) for a in expr.args))
+    raise TypeError(f"no evaluator for {type(expr).__name__}: {expr}")
+
+
+def test_exp2_on_the_fma_pipe_survives_tvms_simplifier():
+    """softmax.exp2_fma after TVM's simplifier (which folds (x + M) − M to x when it can: the
+    cubic then collapses to its constant) is 2^x within 2e-4 from −126 to 9, and 2^-126 below
+    (−inf included: a masked score)."""
+    x = tvm.tirx.Var("x", "float32")
+    expr = tvm.arith.Analyzer().simplify(softmax.exp2_fma(x))
+    xs = np.concatenate([np.linspace(-140.0, 9.0, 100_003), [-np.inf, 0.0, 8.0, -126.0]])
+    xs = xs.astype(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        got = _evaluate(expr, {"x": xs})
+    want = np.exp2(np.maximum(xs.astype(np.float64), -126.0))
+    assert np.abs(got / want - 1).max() < 2e-4
+
+
+@needs_nvcc
+def test_the_fma_exp2_option_moves_a_quarter_of_the_exp2s_off_mufu(tmp_path):
+    """``exp2_fma_every=4`` on the RS design: of a block's 112 exp2s a thread (64 × 224 / 128),
+    the 28 of every 4th 8-column group run as ``exp2_fma``'s cubic (its c2 an FFMA
+    immediate), the rest and the 2 rescale factors on MUFU; no spill."""
+    shape = shapes.SHAPES["llama8b-4k"]
+    config = fp8.design_config("coop-overlap-rs", shape.causal)
+    func = coop.coop_fwd(shape.batch, shape.seq_len, shape.heads, shape.kv_heads,
+                         shape.head_dim, shape.head_dim, shape.causal, coop.FP8_DTYPE,
+                         shape.head_dim ** -0.5, config,
+                         coop_overlap.overlap_mainloop(deferred_sums=False, exp2_fma_every=4))
+    emitted = emit.lower_variant("fp8-coop-rs", shape, func, coop.PASS_CONFIGS,
+                                 registry.get("fp8-coop-rs").postproc_passes)
+    summary = emit.inspect(emitted, tmp_path)
+    assert summary.spill_bytes == 0 and summary.gemm_loops, summary.format()
+    for loop in summary.gemm_loops:
+        assert loop.opcodes["MUFU"] == 2 + 112 * 3 // 4, loop.opcodes
+    sass_text = "".join(p.read_text() for p in tmp_path.glob("*.sass"))
+    assert re.search(r"FFMA\S* R\d+, R\d+, R\d+(\.reuse)?, 0\.242640", sass_text), "the cubic"
