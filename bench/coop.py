@@ -17,5 +17,5 @@ if __name__ == "__main__":
     bench.main(["coop-overlap-persistent", "coop-overlap", "coop-overlap-nopp", "coop",
                 "coop-nopp"], ["llama8b-4k"], sys.argv[1:],
                by_dtype={"fp8": (["fp8", "fp8-coop", "fp8-coop-persistent", "fp8-coop-rs",
-                                  "fp8-coop-rs-vt", "fp8-coop-rs-persistent"],
+                                  "fp8-coop-rs-vt", "fp8-coop-rs-persistent", "fp8-coop-rs-desc"],
                                  bench_fp8.FP8, bench_fp8.SOURCE_DTYPE)})

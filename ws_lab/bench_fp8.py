@@ -2,8 +2,8 @@
 fp8``. Each rotating bf16 input set (``bench.input_sets``) is quantised once (``fp8.quantize``:
 e4m3 with per-(B, Hkv) descales), and every FP8 implementation runs on those same bytes and
 descales: the lab's FP8 kernels (``fp8``, ``fp8-coop``, ``fp8-coop-persistent``,
-``fp8-coop-rs``, ``fp8-coop-rs-vt``, ``fp8-coop-rs-persistent``), FA3's own FP8 forward
-(``fa3-fp8``) and TileOPs' FP8 op (``tileops-fp8``).
+``fp8-coop-rs``, ``fp8-coop-rs-vt``, ``fp8-coop-rs-persistent``, ``fp8-coop-rs-desc``), FA3's
+own FP8 forward (``fa3-fp8``) and TileOPs' FP8 op (``tileops-fp8``).
 Beside them the lab's persistent bf16 kernel and FA3's bf16 forward (``fa3``) run on the bf16
 sets the FP8 ones came from: the ×FA3 column of an FP8 row is its FP8 ÷ bf16 speed-up. rel-err:
 an FP8 row's against the float64 oracle on its dequantised inputs (the kernel's own error), a

@@ -110,6 +110,7 @@ _register("fp8-coop-rs", "ws_lab.kernels.fwd.fp8", kind="fp8", design="coop-over
 _register("fp8-coop-rs-vt", "ws_lab.kernels.fwd.fp8", kind="fp8", design="coop-overlap-rs-vt")
 _register("fp8-coop-rs-persistent", "ws_lab.kernels.fwd.fp8", kind="fp8",
           design="coop-overlap-rs-persistent")
+_register("fp8-coop-rs-desc", "ws_lab.kernels.fwd.fp8", kind="fp8", design="coop-overlap-rs-desc")
 
 
 def get(name: str) -> Kernel:

@@ -135,6 +135,10 @@ class Config:
     # epilogue runs alone), which leaves room for FA3's 176-key blocks: correct, not faster
     # (train8b-8k +0.5 %, causal rows −2 to −10 %; notes/coop_overlap.md "Session 45")
     q_slots: int = 2
+    # FA3's walk: key block n − 1 − kb at iteration kb, so a causal tile's masked (diagonal)
+    # blocks come first and the first is the prologue's (notes/fp8.md "Session 59"). The
+    # non-persistent IntraWGOverlap kernels take it
+    kv_descending: bool = False
 
 
 CONFIGS = {
@@ -190,32 +194,38 @@ def kv_loaders(bn: int, stages: int, v_parts: int = 1, cluster: int = 1,
     rank-0 CTA multicasts each load into both CTAs (the stage's empty barrier then counts the
     peer's consumer warps too); the other CTA only expects the bytes. ``v_transposed`` (FP8):
     V is Vᵀ (B, Hkv, Dv, S_pad) and v_s[stage] its (Dv, bn) block. ``it0``: the blocks this
-    CTA streamed for earlier tiles."""
+    CTA streamed for earlier tiles. ``key``: the key block loaded into block kb's stage (kb
+    unless the walk is descending)."""
     mask = (1 << cluster) - 1 if cluster > 1 else None
     ring = KVRing(stages)
 
+    def rows(kb, key):
+        """The key rows of block ``key`` (None: kb's own), for the stage of iteration kb."""
+        first = kb if key is None else key
+        return slice(first * bn, (first + 1) * bn)
+
     @T.macro
-    def load_k(K, kv: KVStages, b, kv_head, kb, it0):
+    def load_k(K, kv: KVStages, b, kv_head, kb, it0, key=None):
         stage, phase = ring.at(it0 + kb)
         T.mbarrier_wait_parity(kv.k_empty[stage], phase ^ 1)
-        T.tma_copy(K[b, kb * bn:(kb + 1) * bn, kv_head, :], kv.k_s[stage, :, :],
+        T.tma_copy(K[b, rows(kb, key), kv_head, :], kv.k_s[stage, :, :],
                    barrier=kv.k_full[stage], cluster_mask=mask)
         T.mbarrier_arrive(kv.k_full[stage])
 
     @T.macro
-    def load_v(V, kv: KVStages, b, kv_head, kb, it0):
+    def load_v(V, kv: KVStages, b, kv_head, kb, it0, key=None):
         stage, phase = ring.at(it0 + kb)
         T.mbarrier_wait_parity(kv.v_empty[stage], phase ^ 1)
         if v_transposed:
-            T.tma_copy(V[b, kv_head, :, kb * bn:(kb + 1) * bn], kv.v_s[stage, :, :],
+            T.tma_copy(V[b, kv_head, :, rows(kb, key)], kv.v_s[stage, :, :],
                        barrier=kv.v_full[stage], cluster_mask=mask)
         elif v_parts == 1:
-            T.tma_copy(V[b, kb * bn:(kb + 1) * bn, kv_head, :], kv.v_s[stage, :, :],
+            T.tma_copy(V[b, rows(kb, key), kv_head, :], kv.v_s[stage, :, :],
                        barrier=kv.v_full[stage], cluster_mask=mask)
         else:
             width = kv.v_s.shape[-1]
             for part in T.unroll(v_parts):
-                T.tma_copy(V[b, kb * bn:(kb + 1) * bn, kv_head, part * width:(part + 1) * width],
+                T.tma_copy(V[b, rows(kb, key), kv_head, part * width:(part + 1) * width],
                            kv.v_s[stage, part, :, :], barrier=kv.v_full[stage])
         T.mbarrier_arrive(kv.v_full[stage])
 
@@ -223,16 +233,17 @@ def kv_loaders(bn: int, stages: int, v_parts: int = 1, cluster: int = 1,
 
 
 def kv_producer(bn: int, stages: int, v_parts: int = 1, cluster: int = 1,
-                v_transposed: bool = False):
+                v_transposed: bool = False, descending: bool = False):
     """The producer warp's KV loop, shared by every WS kernel of the lab: per block, K then V
-    (``kv_loaders``, which takes the same arguments)."""
+    (``kv_loaders``, which takes the same arguments); ``descending``: key block
+    ``loop_range − 1 − kb`` at iteration kb (``Config.kv_descending``)."""
     load_k, load_v = kv_loaders(bn, stages, v_parts, cluster, v_transposed)
 
     @T.macro
     def produce(K, V, kv: KVStages, b, kv_head, loop_range, it0=0):
         for kb in T.serial(loop_range):
-            load_k(K, kv, b, kv_head, kb, it0)
-            load_v(V, kv, b, kv_head, kb, it0)
+            load_k(K, kv, b, kv_head, kb, it0, loop_range - 1 - kb if descending else None)
+            load_v(V, kv, b, kv_head, kb, it0, loop_range - 1 - kb if descending else None)
 
     return produce
 
@@ -271,6 +282,7 @@ class MainloopContext:
     commit_p: Callable | None = None
     copy_p: Callable = T.copy  # copy_p(acc_s, p): the scores as P (FP8 RS: operand key order)
     schedulers: tuple = WARP_SCHEDULERS
+    kv_descending: bool = False  # Config.kv_descending: iteration kb holds key block n − 1 − kb
 
     def scale(self, st: SoftmaxState):
         """scale·log2 e for the softmax of ``st``'s tile (FP8: the run-time descaled one)."""
@@ -299,6 +311,8 @@ class Mainloop:
 def serial_mainloop(t: MainloopContext) -> Mainloop:
     """FA3's mainloop without IntraWGOverlap: per KV block, S = Q Kᵀ → wait → softmax → O += P V
     → wait. ``kernels/fwd/coop_overlap.py`` is the other factory."""
+    if t.kv_descending:
+        raise ValueError("kv_descending is the IntraWGOverlap mainloop's (kernels.coop_overlap)")
 
     @T.macro
     def mainloop(wg, row0, q_s, kv: KVStages, loop_range, st: SoftmaxState, slot, it0):
@@ -419,7 +433,11 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
                         issue_qk=issue_qk, release=release,
                         issue_pv=pv_issuer(fp8, cfg, issue_pv, issue_pv_fp8, issue_pv_fp8_rs),
                         commit_p=commit_p_fp8 if fp8 and not cfg.p_in_registers else None,
-                        copy_p=copy_p_operand_order if cfg.p_in_registers else T.copy)
+                        copy_p=copy_p_operand_order if cfg.p_in_registers else T.copy,
+                        kv_descending=cfg.kv_descending)
+    if cfg.kv_descending and (cfg.persistent or cfg.transpose_v):
+        raise ValueError("kv_descending runs on the non-persistent grid without transpose_v "
+                         "(the persistent walk and the transposing producer load ascending)")
     loop = mainloop_factory(t)
     if cfg.q_slots not in (1, 2) or (cfg.q_slots == 1 and not cfg.persistent):
         raise ValueError(f"q_slots={cfg.q_slots}: the persistent kernel holds 1 or 2 Q slots; "
@@ -437,7 +455,8 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
         raise ValueError("the persistent kernel needs a mainloop whose last PV can share an issue "
                          "turn with the next tile's first QK (kernels.coop_overlap)")
     v_given_transposed = fp8 and not cfg.transpose_v
-    produce_kv = kv_producer(bn, stages, cluster=cfg.cluster, v_transposed=v_given_transposed)
+    produce_kv = kv_producer(bn, stages, cluster=cfg.cluster, v_transposed=v_given_transposed,
+                             descending=cfg.kv_descending)
     load_k, load_v = kv_loaders(bn, stages, cluster=cfg.cluster, v_transposed=v_given_transposed)
     produce_transposing = (transposing_producer(bn, stages, head_dim_v, load_k, load_v)
                            if cfg.transpose_v else None)

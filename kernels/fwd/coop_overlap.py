@@ -17,8 +17,10 @@ HGMMA when one does (remark C7515, NOTES.md). The fences after each wait are wri
 0.1.15 emits its own only before the wait (``ws_lab/upstream/wgmma_fence_before_wait.py``).
 
 Row sums are deferred (16-column per-thread partial sums, one quad reduction per tile, under the
-last PV), a causal or ragged KV loop is split at its first masked block, as in FA3 / TileOPs,
-and each block's row max and first 4 probabilities a thread are stored to ``wait_anchor`` (a
+last PV), a causal or ragged KV loop is split at its first masked block, as in FA3 / TileOPs
+(``coop.Config.kv_descending``: FA3's downward walk, the masked blocks first; the diagonal
+one, the prologue's, may mask a warpgroup's whole row, so its softmax checks for -inf), and
+each block's row max and first 4 probabilities a thread are stored to ``wait_anchor`` (a
 write-only 64 × 8 fp32 buffer per warpgroup, 2 KB each) before wait<0>: ptxas otherwise puts
 the PV wait above all of the block's exp2; a tile's first PV overwrites O (wgmma's scale-d
 off), so O is never zero-filled and block 0 has no O rescale (switches of
@@ -40,8 +42,8 @@ from ws_lab.kernels.fwd.coop import (CONSUMER_THREADS, HALF, PASS_CONFIGS,  # no
                                      KVStages)
 from ws_lab.kernels.fwd.softmax import (LAZY_RESCALE_LOG2, SoftmaxState, add_partial_sums,
                                         alloc_partial_sums, commit_probs, first_masked_block,
-                                        rescale_partial_sums, score_mask, softmax_probs,
-                                        softmax_stats)
+                                        first_unmasked_iteration, rescale_partial_sums,
+                                        score_mask, softmax_probs, softmax_stats)
 from ws_lab.postproc import drop_anchor_fences, skip_unit_rescale
 from ws_lab.shapes import Shape
 
@@ -95,21 +97,26 @@ def _mainloop_factory(deferred_sums: bool, split_mask: bool, anchor_probs: bool,
             predicate: the loops and the drain do not know which of them holds it)."""
             return block == 0 if clear_first_pv else False
 
+        def key_block(kb, loop_range):
+            """The key block iteration kb holds (``coop.Config.kv_descending``: downward)."""
+            return loop_range - 1 - kb if t.kv_descending else kb
+
         @T.macro
-        def row_stats(st: SoftmaxState, part_sum):
+        def row_stats(st: SoftmaxState, part_sum, check_inf=False):
             if deferred_sums:
                 softmax_probs(st.acc_s, st.row_max, st.row_max_prev, st.row_rescale, HALF, t.bn,
-                              t.scale(st), threshold, t.prob_log2_offset, exp2_fma_every)
+                              t.scale(st), threshold, t.prob_log2_offset, exp2_fma_every,
+                              check_inf)
                 rescale_partial_sums(part_sum, st.row_rescale, HALF)
                 add_partial_sums(st.acc_s, part_sum, HALF, t.bn)
             else:
                 softmax_stats(st.acc_s, st.row_max, st.row_max_prev, st.row_rescale,
                               st.block_sum, st.row_sum, HALF, t.bn, t.scale(st), threshold,
-                              t.prob_log2_offset, exp2_fma_every)
+                              t.prob_log2_offset, exp2_fma_every, check_inf)
 
         @T.macro
         def step(wg, kb, row0, mask, q_s, kv: KVStages, st: SoftmaxState, part_sum, slot, it0,
-                 wait_anchor):
+                 wait_anchor, loop_range):
             """Block kb ≥ 1: S_kb and PV_{kb-1} in flight together, S_kb's stats under PV."""
             stage = ring.stage(it0 + kb)
             prev = ring.stage(it0 + kb - 1)
@@ -122,7 +129,7 @@ def _mainloop_factory(deferred_sums: bool, split_mask: bool, anchor_probs: bool,
             T.warpgroup_fence_operand(st.acc_s, num_regs=t.s_regs)
             t.release(kv.k_empty, stage)
             if mask is not None:
-                mask(st.acc_s, kb, row0)
+                mask(st.acc_s, key_block(kb, loop_range), row0)
             row_stats(st, part_sum)
             if anchor_probs:  # the store keeps the row max and 4 exp2s above the PV wait
                 for i, j in T.Parallel(HALF, ANCHOR_COLS):
@@ -152,10 +159,11 @@ def _mainloop_factory(deferred_sums: bool, split_mask: bool, anchor_probs: bool,
             T.wait_wgmma(0)
             T.warpgroup_fence_operand(st.acc_s, num_regs=t.s_regs)
             t.release(kv.k_empty, stage0)
-            t.mask(st.acc_s, 0, row0)
+            t.mask(st.acc_s, key_block(0, loop_range), row0)
             if deferred_sums:
                 T.fill(part_sum, 0)  # row_max is -inf: the rescale below multiplies zeros
-            row_stats(st, part_sum)
+            # descending: the diagonal block comes first and can mask a warpgroup's whole row
+            row_stats(st, part_sum, t.kv_descending and t.causal)
             if clear_first_pv:
                 t.copy_p(st.acc_s, st.p)  # O holds nothing yet: P_0's PV overwrites it
             else:
@@ -164,16 +172,26 @@ def _mainloop_factory(deferred_sums: bool, split_mask: bool, anchor_probs: bool,
             if t.commit_p is not None:
                 t.commit_p(wg, st, kv)
             wait_anchor = T.alloc_shared([HALF, ANCHOR_COLS], "float") if anchor_probs else None
-            if split_mask:
+            if split_mask and t.kv_descending:  # FA3's order: the masked blocks first
+                unmasked = first_unmasked_iteration(t.causal, t.seq_len, t.bn, row0, loop_range)
+                for kb in T.serial(1, unmasked):
+                    step(wg, kb, row0, unchecked_mask, q_s, kv, st, part_sum, slot, it0,
+                         wait_anchor, loop_range)
+                for kb in T.serial(unmasked, loop_range):
+                    step(wg, kb, row0, None, q_s, kv, st, part_sum, slot, it0, wait_anchor,
+                         loop_range)
+            elif split_mask:
                 unmasked = first_masked_block(t.causal, t.seq_len, t.bn, row0, loop_range)
                 for kb in T.serial(1, unmasked):
-                    step(wg, kb, row0, None, q_s, kv, st, part_sum, slot, it0, wait_anchor)
+                    step(wg, kb, row0, None, q_s, kv, st, part_sum, slot, it0, wait_anchor,
+                         loop_range)
                 for kb in T.serial(unmasked, loop_range):
                     step(wg, kb, row0, unchecked_mask, q_s, kv, st, part_sum, slot, it0,
-                         wait_anchor)
+                         wait_anchor, loop_range)
             else:
                 for kb in T.serial(1, loop_range):
-                    step(wg, kb, row0, t.mask, q_s, kv, st, part_sum, slot, it0, wait_anchor)
+                    step(wg, kb, row0, t.mask, q_s, kv, st, part_sum, slot, it0, wait_anchor,
+                         loop_range)
 
         @T.macro
         def drain(wg, kv: KVStages, loop_range, st: SoftmaxState, part_sum, it0):

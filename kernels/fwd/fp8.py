@@ -46,6 +46,10 @@ stored: its producer warpgroup makes Vᵀ in shared memory, FA3's way
 A sixth, ``design="coop-overlap-rs-persistent"`` (``fp8-coop-rs-persistent``), runs the fourth
 on the persistent walk; with P in registers O keeps its tile and TMA store (180 KB): level
 with the fourth on llama8b-4k, 1 % behind on train8b-4k (notes/fp8.md, "Session 57").
+A seventh, ``design="coop-overlap-rs-desc"`` (``fp8-coop-rs-desc``), is the fourth walking
+K/V downward as FA3 does (``coop.Config.kv_descending``): a causal tile's diagonal block is
+its first, whose softmax has no PV to overlap anyway, and fewer masked blocks remain in the
+loop; lowered, not yet run (notes/fp8.md, "Session 59").
 
 ``quantize(q, k, v, hadamard=)`` makes the inputs from bf16 / fp16 ones: per-(batch, KV head)
 descales, and optionally FA3's incoherent processing (q and k rotated by one random-sign
@@ -77,7 +81,7 @@ INPUT_DTYPE = TL_FP8  # what ``python -m ws_lab.emit fp8`` reports (the shape's 
 OUT_DTYPE = torch.bfloat16
 HEAD_DIMS = ((64, 64), (128, 128))
 DESIGNS = ("pipelined", "coop-overlap", "coop-overlap-persistent", "coop-overlap-rs",
-           "coop-overlap-rs-vt", "coop-overlap-rs-persistent")
+           "coop-overlap-rs-vt", "coop-overlap-rs-persistent", "coop-overlap-rs-desc")
 RS_DESIGNS = DESIGNS[3:]  # P from registers, Vᵀ's keys in coop.operand_key's order
 PERSISTENT_DESIGNS = ("coop-overlap-persistent", "coop-overlap-rs-persistent")
 # TileLang's shared-memory syncs off (the kernel's named barriers order P and O; notes/fp8.md,
@@ -196,7 +200,8 @@ def compiled(*args):
 
 
 def coop_config_for(causal: bool, persistent: bool = False, cluster: int = 1,
-                    p_in_registers: bool = False, transpose_v: bool = False) -> coop.Config:
+                    p_in_registers: bool = False, transpose_v: bool = False,
+                    kv_descending: bool = False) -> coop.Config:
     """The coop-overlap designs' tiles: bn 256, 2 stages, pingpong on. bn 256 measured 1.06–1.10
     × bn 128 and the grid and sanitizers pass at it (notes/fp8.md, "Session 39", "Session 40").
     Shared memory at D 128: non-persistent 212 KB (Q, K / Vᵀ rings, P, the bf16 O tile);
@@ -205,10 +210,12 @@ def coop_config_for(causal: bool, persistent: bool = False, cluster: int = 1,
     and O in flight at bn 256 pass the consumers' 240 registers: ptxas serialises the wgmmas;
     notes/fp8.md, "Session 41"); 164 KB, no P tile; persistent ("coop-overlap-rs-persistent")
     176 KB, O keeping its tile. ``transpose_v`` ("coop-overlap-rs-vt"): the same with Vᵀ made
-    in the kernel (kernels/fwd/v_transpose.py): 220 KB."""
+    in the kernel (kernels/fwd/v_transpose.py): 220 KB. ``kv_descending``
+    ("coop-overlap-rs-desc"): the fourth walking K/V downward, FA3's order."""
     if p_in_registers:
         return coop.Config(224, 2, True, heavy_first=causal, p_in_registers=True,
-                           transpose_v=transpose_v, persistent=persistent, cluster=cluster)
+                           transpose_v=transpose_v, persistent=persistent, cluster=cluster,
+                           kv_descending=kv_descending)
     return coop.Config(256, 2, True, heavy_first=causal,
                        persistent=persistent, cluster=cluster)
 
@@ -223,7 +230,8 @@ def coop_mainloop(cfg: coop.Config):
 def design_config(design: str, causal: bool) -> coop.Config:
     """The tiles of a non-persistent coop-overlap design."""
     return coop_config_for(causal, p_in_registers=design in RS_DESIGNS,
-                           transpose_v=design == "coop-overlap-rs-vt")
+                           transpose_v=design == "coop-overlap-rs-vt",
+                           kv_descending=design == "coop-overlap-rs-desc")
 
 
 def postproc_passes_for(design: str = "pipelined") -> tuple:
@@ -321,7 +329,8 @@ def attention_fp8(q, k, v, causal=False, softmax_scale=None, *, q_descale=None, 
     "coop-overlap-rs" (the second with P from registers at bn 224) or "coop-overlap-rs-vt"
     (the fourth reading V as stored: its producer warpgroup transposes it) or
     "coop-overlap-rs-persistent" (the fourth on the persistent walk, O through its own tile;
-    ``cluster`` as the third's)."""
+    ``cluster`` as the third's) or "coop-overlap-rs-desc" (the fourth walking K/V downward,
+    FA3's order)."""
     if design not in DESIGNS:
         raise ValueError(f"design must be one of {DESIGNS}, got {design!r}")
     if return_lse and design != "pipelined":

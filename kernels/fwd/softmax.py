@@ -92,6 +92,16 @@ def score_mask(causal: bool, seq_len: int, rows: int, block_n: int, accum="float
     return mask
 
 
+def first_unmasked_iteration(causal: bool, seq_len: int, block_n: int, row0, loop_range):
+    """The descending walk's (``coop.Config.kv_descending``: iteration kb holds key block
+    loop_range − 1 − kb) counterpart of ``first_masked_block``: iterations [1, it) hold blocks
+    ``score_mask`` masks for rows from row0 on, [it, loop_range) none (iteration 0, the
+    diagonal or the ragged last block, is the caller's)."""
+    if causal:  # key block n masked ⟺ n ≥ row0 // block_n ⟺ kb < loop_range − row0 // block_n
+        return T.max(1, T.min(loop_range, loop_range - row0 // block_n))
+    return 1  # ragged: only the last key block, iteration 0
+
+
 def first_masked_block(causal: bool, seq_len: int, block_n: int, row0, loop_range):
     """The first KV block ≥ 1 that ``score_mask`` masks for rows from row0 on; loop_range when
     none does. Blocks [1, it) need no mask, [it, loop_range) all do (block 0 is the caller's)."""
@@ -137,7 +147,7 @@ def scaled_exp2(acc_s, row_max, rows, cols, scale_log2, prob_log2_offset, fma_ev
 
 @T.macro
 def softmax_probs(acc_s, row_max, row_max_prev, row_rescale, rows, cols, scale_log2,
-                  rescale_threshold=None, prob_log2_offset=0.0, fma_every=0):
+                  rescale_threshold=None, prob_log2_offset=0.0, fma_every=0, check_inf=False):
     """acc_s (rows × cols fp32 scores) -> exp2 of the scaled, max-shifted scores, in place; the
     running max advances and row_rescale holds the factor for the old O and row sums.
     ``rescale_threshold`` (log2 units; FA4's conditional rescale): a row's max moves only when
@@ -145,7 +155,9 @@ def softmax_probs(acc_s, row_max, row_max_prev, row_rescale, rows, cols, scale_l
     probabilities stay below 2^threshold; O / rowsum is unchanged, since both use one max.
     ``prob_log2_offset``: P = exp2(s·scale − max·scale + offset) (FP8_PROB_LOG2_OFFSET), the
     offset folded into the per-row shift, so each element still costs one FFMA and one exp2.
-    ``fma_every``: every n-th 8-column group's exp2 on the FMA pipe (``exp2_fma``)."""
+    ``fma_every``: every n-th 8-column group's exp2 on the FMA pipe (``exp2_fma``).
+    ``check_inf`` (FA3's Check_inf, for a block that can mask a whole row): a row whose max is
+    still -inf is shifted by 0, so its exp2s and rescale are 0, not NaN."""
     T.copy(row_max, row_max_prev)
     T.reduce_max(acc_s, row_max, dim=1, clear=False)
     if rescale_threshold is not None:
@@ -153,17 +165,34 @@ def softmax_probs(acc_s, row_max, row_max_prev, row_rescale, rows, cols, scale_l
             row_max[i] = T.if_then_else(
                 (row_max[i] - row_max_prev[i]) * scale_log2 > rescale_threshold, row_max[i],
                 row_max_prev[i])
+    if check_inf:
+        safe_max = T.alloc_fragment([rows], "float")
+        for i in T.Parallel(rows):
+            safe_max[i] = T.if_then_else(row_max[i] == -T.infinity("float"), 0.0, row_max[i])
+        shifted_exp2(acc_s, row_max_prev, safe_max, row_rescale, rows, cols, scale_log2,
+                     prob_log2_offset, fma_every)
+    else:
+        shifted_exp2(acc_s, row_max_prev, row_max, row_rescale, rows, cols, scale_log2,
+                     prob_log2_offset, fma_every)
+
+
+@T.macro
+def shifted_exp2(acc_s, row_max_prev, shift, row_rescale, rows, cols, scale_log2,
+                 prob_log2_offset, fma_every):
+    """softmax_probs' tail: the old O's factor, exp2(prev·scale − shift·scale), and the block's
+    exp2s against ``shift`` (the row max, or 0 where it is -inf under check_inf)."""
     for i in T.Parallel(rows):
-        row_rescale[i] = T.exp2(row_max_prev[i] * scale_log2 - row_max[i] * scale_log2)
-    scaled_exp2(acc_s, row_max, rows, cols, scale_log2, prob_log2_offset, fma_every)
+        row_rescale[i] = T.exp2(row_max_prev[i] * scale_log2 - shift[i] * scale_log2)
+    scaled_exp2(acc_s, shift, rows, cols, scale_log2, prob_log2_offset, fma_every)
 
 
 @T.macro
 def softmax_stats(acc_s, row_max, row_max_prev, row_rescale, block_sum, row_sum, rows, cols,
-                  scale_log2, rescale_threshold=None, prob_log2_offset=0.0, fma_every=0):
+                  scale_log2, rescale_threshold=None, prob_log2_offset=0.0, fma_every=0,
+                  check_inf=False):
     """softmax_probs, then the running row sums advance (one full row reduction per block)."""
     softmax_probs(acc_s, row_max, row_max_prev, row_rescale, rows, cols, scale_log2,
-                  rescale_threshold, prob_log2_offset, fma_every)
+                  rescale_threshold, prob_log2_offset, fma_every, check_inf)
     T.reduce_sum(acc_s, block_sum, dim=1)
     for i in T.Parallel(rows):
         row_sum[i] = row_sum[i] * row_rescale[i] + block_sum[i]

@@ -5,6 +5,7 @@ barriers only); bad inputs are refused before a launch; the registry binds each 
 ``quantize`` and its Hadamard option do what they say, measured with the float64 oracle (Vᵀ's
 Triton pass: tests/cpu/interpret_cases.py); the exp2 of the FMA-pipe option is 2^x after TVM's
 simplifier and moves its share of the exp2s off MUFU."""
+import dataclasses
 import re
 import shutil
 
@@ -165,9 +166,63 @@ def test_the_rs_design_takes_p_from_registers_at_224_keys_without_spills(tmp_pat
         assert f"__sync_thread_partial({int(barrier)}, 128)" not in emitted.source
 
 
+@needs_nvcc
+@pytest.mark.parametrize("name,causal", [("llama8b-4k", True), ("train8b-4k", False)])
+def test_the_descending_design_walks_kv_down_with_the_masked_blocks_first(tmp_path, name,
+                                                                          causal):
+    """``design="coop-overlap-rs-desc"`` (``coop.Config.kv_descending``, FA3's order): the
+    producer loads key block n − 1 − kb into iteration kb's stage; causal, each warpgroup's
+    loop runs its masked iterations (the mask's FSELs) before the unmasked ones, and only the
+    first block's softmax checks for a wholly masked row (-inf max); full and ragged, one
+    unmasked loop (the ragged block is the first); no spill."""
+    shape = shapes.SHAPES[name]
+    emitted = emit.lower("fp8-coop-rs-desc", shape)
+    summary = emit.inspect(emitted, tmp_path)
+    assert summary.spill_bytes == 0 and summary.stack_frame == 0, summary.format()
+    assert sorted(set(summary.setmaxnreg)) == ["DEALLOC 24", "TRY_ALLOC 240"]
+    k_loads = re.findall(r"tl::tma_load\(K_desc, .*", emitted.source)
+    assert len(k_loads) == 1 and "- (kb * 224)" in k_loads[0]  # the key row falls with kb
+    masked = [loop.opcodes["FSEL"] >= 100 for loop in summary.gemm_loops]
+    assert masked == ([True, False] * 2 if causal else [False] * 2), summary.format()
+    assert emitted.source.count("float safe_max") == (2 if causal else 0)
+
+
+@pytest.mark.parametrize("seq_len,block_n", [(4096, 224), (1000, 128), (8192, 176)])
+def test_the_descending_split_masks_exactly_the_blocks_that_need_it(seq_len, block_n):
+    """``first_unmasked_iteration``: for every warpgroup of every causal tile, iterations
+    [1, it) of the downward walk hold key blocks with a key past some row of the warpgroup and
+    [it, n) none; iteration 0, the diagonal block, can mask a whole row, iteration 1 cannot (so
+    the -inf check is the first block's alone)."""
+    bm, half = 128, 64
+    for row0 in range(0, seq_len, half):
+        tile_end = (row0 // bm + 1) * bm
+        loop_range = min(-(-seq_len // block_n), -(-tile_end // block_n))
+        it = int(softmax.first_unmasked_iteration(True, seq_len, block_n, row0, loop_range))
+        for kb in range(1, loop_range):
+            first_key = (loop_range - 1 - kb) * block_n
+            needs_mask = first_key + block_n - 1 > row0
+            assert needs_mask == (kb < it), (row0, kb, it)
+        if loop_range > 1:
+            assert (loop_range - 2) * block_n <= row0  # every row keeps a key at iteration 1
+
+
+def test_kv_descending_refuses_the_kernels_that_walk_upward():
+    """The persistent walk, the transposing producer and the serial mainloop load or mask K/V
+    ascending: with ``kv_descending`` each refuses before lowering."""
+    args = (1, 4096, 8, 2, 128, 128, True, coop.FP8_DTYPE, 0.088)
+    for cfg in (fp8.coop_config_for(True, persistent=True, p_in_registers=True),
+                fp8.coop_config_for(True, p_in_registers=True, transpose_v=True)):
+        cfg = dataclasses.replace(cfg, kv_descending=True)
+        with pytest.raises(ValueError, match="kv_descending runs on the non-persistent grid"):
+            coop.coop_fwd(*args, cfg, fp8.coop_mainloop(cfg))
+    with pytest.raises(ValueError, match="kv_descending is the IntraWGOverlap mainloop's"):
+        coop.coop_fwd(1, 4096, 8, 2, 128, 128, True, "bfloat16", 0.088,
+                      coop.Config(128, 2, True, kv_descending=True), coop.serial_mainloop)
+
+
 # the per-row shift of P's exp2 as TileLang emits it: (row_max[..] * the scale: FP8's run-time
 # scale_log2[_n], bf16's constant), then " - 0x1p+3f" where FP8_PROB_LOG2_OFFSET is folded in
-PROB_SHIFT = re.compile(r"make_float2\(\(*row_max(?:_\d+)?\[[^]]*\] \* [\w.+-]+(?:/\*[^*]*\*/)?\)"
+PROB_SHIFT = re.compile(r"make_float2\(\(*(?:row|safe)_max(?:_\d+)?\[[^]]*\] \* [\w.+-]+(?:/\*[^*]*\*/)?\)"
                         r"( - 0x1p\+3f)?")
 
 
@@ -236,11 +291,13 @@ def test_the_registry_binds_each_fp8_design():
         "design": "coop-overlap-rs-vt"}
     assert registry.get("fp8-coop-rs-persistent").fp8_attention.keywords == {
         "design": "coop-overlap-rs-persistent"}
+    assert registry.get("fp8-coop-rs-desc").fp8_attention.keywords == {
+        "design": "coop-overlap-rs-desc"}
     assert registry.get("fp8").fp8_attention.keywords == {}
     # ws_lab.emit shows each design through the passes it compiles under
     assert registry.get("fp8").postproc_passes == ()
     for name in ("fp8-coop", "fp8-coop-persistent", "fp8-coop-rs", "fp8-coop-rs-vt",
-                 "fp8-coop-rs-persistent"):
+                 "fp8-coop-rs-persistent", "fp8-coop-rs-desc"):
         assert registry.get(name).postproc_passes == (drop_anchor_fences,), name
     with pytest.raises(TypeError, match="fp8 is a fp8 kernel, not a fwd one"):
         registry.get("fp8").attention

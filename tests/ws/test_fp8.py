@@ -5,7 +5,7 @@ accumulation), over D 64 / 128, causal and full, query groups 1 / 4 / 8 and S 1 
 5e-2 on the first GPU run, session 37; the bench rows' 2.1e-2 to 2.6e-2 match FA3 FP8's own,
 notes/fp8.md); the quantisation error on bf16-derived inputs against FA3 FP8's, with and
 without the Hadamard option; memcheck and racecheck. The coop-overlap designs (SS, RS, RS
-with the in-kernel Vᵀ, and persistent) run the same grid (no lse) and the same sanitizer
+with the in-kernel Vᵀ, RS walking K/V downward, and persistent) run the same grid (no lse) and the same sanitizer
 script; the persistent one also on forced CTA pairs (its cases are too small for
 ``cluster_for`` to pair them)."""
 import itertools
@@ -100,6 +100,15 @@ def test_fp8_rs_persistent_forward_matches_the_oracle_on_dequantised_inputs(head
     assert oracle.rel_l2(got, ref) < BOUND
 
 
+@pytest.mark.parametrize("head_dim,causal,group,seq_len", CASES)
+def test_fp8_rs_descending_forward_matches_the_oracle_on_dequantised_inputs(head_dim, causal,
+                                                                           group, seq_len):
+    """The RS design walking K/V downward (FA3's order; the diagonal block first, whose softmax
+    checks for wholly masked rows): the same grid."""
+    got, (ref, _) = random_case(head_dim, causal, group, seq_len, design="coop-overlap-rs-desc")
+    assert oracle.rel_l2(got, ref) < BOUND
+
+
 @pytest.mark.parametrize("block_n,head_dim_v", [(224, 128), (224, 64)])
 def test_the_in_kernel_transpose_moves_every_byte_of_a_block(block_n, head_dim_v):
     """``v_transpose.block_mover`` alone (``transpose_block_kernel``): one random byte block
@@ -191,6 +200,8 @@ for d, causal, s, group in ((64, True, 127, 4), (128, False, 200, 1)):
     assert torch.isfinite(out).all()
     out = fp8.attention_fp8(q, k, v, causal, design="coop-overlap-rs-persistent",
                             cluster=2 if group % 2 == 0 else 1)
+    assert torch.isfinite(out).all()
+    out = fp8.attention_fp8(q, k, v, causal, design="coop-overlap-rs-desc")
     assert torch.isfinite(out).all()
 """
 
