@@ -97,7 +97,8 @@ def first_unmasked_iteration(causal: bool, seq_len: int, block_n: int, row0, loo
     loop_range − 1 − kb) counterpart of ``first_masked_block``: iterations [1, it) hold blocks
     ``score_mask`` masks for rows from row0 on, [it, loop_range) none (iteration 0, the
     diagonal or the ragged last block, is the caller's)."""
-    if causal:  # key block n masked ⟺ n ≥ row0 // block_n ⟺ kb < loop_range − row0 // block_n
+    # causal: key block n is masked ⟺ n ≥ row0 // block_n ⟺ kb < loop_range − row0 // block_n
+    if causal:
         return T.max(1, T.min(loop_range, loop_range - row0 // block_n))
     return 1  # ragged: only the last key block, iteration 0
 

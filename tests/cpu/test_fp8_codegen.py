@@ -222,7 +222,8 @@ def test_kv_descending_refuses_the_kernels_that_walk_upward():
 
 # the per-row shift of P's exp2 as TileLang emits it: (row_max[..] * the scale: FP8's run-time
 # scale_log2[_n], bf16's constant), then " - 0x1p+3f" where FP8_PROB_LOG2_OFFSET is folded in
-PROB_SHIFT = re.compile(r"make_float2\(\(*(?:row|safe)_max(?:_\d+)?\[[^]]*\] \* [\w.+-]+(?:/\*[^*]*\*/)?\)"
+PROB_SHIFT = re.compile(r"make_float2\(\(*(?:row|safe)_max(?:_\d+)?\[[^]]*\] \* [\w.+-]+"
+                        r"(?:/\*[^*]*\*/)?\)"
                         r"( - 0x1p\+3f)?")
 
 

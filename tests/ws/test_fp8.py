@@ -5,9 +5,9 @@ accumulation), over D 64 / 128, causal and full, query groups 1 / 4 / 8 and S 1 
 5e-2 on the first GPU run, session 37; the bench rows' 2.1e-2 to 2.6e-2 match FA3 FP8's own,
 notes/fp8.md); the quantisation error on bf16-derived inputs against FA3 FP8's, with and
 without the Hadamard option; memcheck and racecheck. The coop-overlap designs (SS, RS, RS
-with the in-kernel Vᵀ, RS walking K/V downward, and persistent) run the same grid (no lse) and the same sanitizer
-script; the persistent one also on forced CTA pairs (its cases are too small for
-``cluster_for`` to pair them)."""
+with the in-kernel Vᵀ, RS walking K/V downward, and persistent) run the same grid (no lse)
+and the same sanitizer script; the persistent one also on forced CTA pairs (its cases are too
+small for ``cluster_for`` to pair them)."""
 import itertools
 
 import pytest
