@@ -535,6 +535,17 @@ def attention_bwd(q, k, v, out, dout, lse, causal=False, softmax_scale=None, *, 
     return dq, dk, dv
 
 
+@functools.lru_cache(maxsize=8)
+def dq_accum_pair(device, stream, accum_shape):
+    """``ws.Config.zero_next``'s two fp32 dQ accumulators and int32 parity for one device,
+    stream and shape, kept between calls (a stream's backwards run in order; another stream
+    gets its own pair). Zeroed here: the first call's preprocess flips the parity to 1, its
+    main kernel adds into accumulator 1 and zeroes 0. Made outside a CUDA graph capture (a
+    warm-up call), or the capture replays the zeroing too."""
+    return (torch.zeros((2, *accum_shape), dtype=torch.float32, device=device),
+            torch.zeros(1, dtype=torch.int32, device=device))
+
+
 def _check_backend(backend, dims, config, deterministic):
     if backend not in ("pipelined", "ws"):
         raise ValueError(f"backend must be 'pipelined' or 'ws', not {backend!r}")
@@ -554,16 +565,23 @@ def _run_ws(q, k, v, out, dout, lse, grads, problem, delta_scaled, lse_log2, cfg
     ``problem`` is ``flash_bwd``'s leading arguments, ``grads`` the (dq, dk, dv) buffers."""
     batch, seq_len, heads, kv_heads, head_dim, causal, dtype, scale = problem
     rows = (batch, seq_len, heads, head_dim, dtype)
-    dq_accum = torch.empty(prepost.dq_accum_shape(q.shape[0], seq_len, heads, head_dim,
-                                                  ws.PLANES, cfg.dq_layout),
-                           dtype=torch.float32, device=q.device)
+    accum_shape = prepost.dq_accum_shape(q.shape[0], seq_len, heads, head_dim, ws.PLANES,
+                                         cfg.dq_layout)
+    if cfg.zero_next:  # the pair and its parity ride after dQ_accum in every kernel
+        stream = torch.cuda.current_stream(q.device).cuda_stream
+        dq_accum, *parity = dq_accum_pair(q.device, stream, accum_shape)
+    else:
+        dq_accum, parity = torch.empty(accum_shape, dtype=torch.float32, device=q.device), []
+    pre_accum = parity if cfg.zero_next else [dq_accum]
     prepost.compiled_preprocess(*rows, scale, planes=ws.PLANES, layout=cfg.dq_layout,
-                                pdl=cfg.pdl)(out, dout, lse, delta_scaled, lse_log2, dq_accum)
+                                pdl=cfg.pdl, clear_dq=not cfg.zero_next,
+                                flip_parity=cfg.zero_next)(out, dout, lse, delta_scaled,
+                                                           lse_log2, *pre_accum)
     fill = cfg.fill or heuristics.kv_fill(
         kv_heads, seq_len // ws.BLOCK_KV, causal,
         torch.cuda.get_device_properties(q.device).multi_processor_count)
-    ws.compiled(*problem, fill, cfg.dq_layout, cfg.pdl)(q, k, v, dout, lse_log2, delta_scaled,
-                                                        dq_accum, *grads[1:])
-    prepost.compiled_postprocess(*rows, ws.PLANES, cfg.dq_layout, pdl=cfg.pdl)(dq_accum,
-                                                                               grads[0])
+    ws.compiled(*problem, fill, cfg.dq_layout, cfg.pdl, cfg.zero_next)(
+        q, k, v, dout, lse_log2, delta_scaled, dq_accum, *grads[1:], *parity)
+    prepost.compiled_postprocess(*rows, ws.PLANES, cfg.dq_layout, pdl=cfg.pdl,
+                                 paired=cfg.zero_next)(dq_accum, grads[0], *parity)
     return grads

@@ -58,21 +58,29 @@ def stored_column(layout, row, col):
 
 
 def preprocess(batch, seq_len, heads, head_dim, dtype, softmax_scale, clear_dq: bool = True,
-               planes: int = 1, layout: str = "padded", pdl: bool = False):
+               planes: int = 1, layout: str = "padded", pdl: bool = False,
+               flip_parity: bool = False):
     """(O, dO, LSE) -> Δ·scale and lse·log2 e (the module docstring); with ``clear_dq`` (the
     main kernel's dQ path) also the zeroed accumulator of ``planes`` planes. ``pdl``: each CTA
     lets the next kernel launch at its start (that kernel waits before it reads any of this).
-    ``batch`` may be ``DYNAMIC_BATCH``."""
+    ``flip_parity`` (instead of ``clear_dq``): one thread flips the int32 parity that picks
+    which of a pair of accumulators this call's main kernel adds into (``ws.Config.zero_next``:
+    the last call's main kernel zeroed it). ``batch`` may be ``DYNAMIC_BATCH``."""
+    if clear_dq and flip_parity:
+        raise ValueError("flip_parity replaces clear_dq: the main kernel zeroed the accumulator")
     batch = batch_extent(batch)
     accum = "float"
     accum_shape = dq_accum_shape(batch, seq_len, heads, head_dim, planes, layout)
     width = head_dim // planes
 
     @T.macro
-    def body(O, dO, LSE, DeltaScaled, LSElog2, dQ):
+    def body(O, dO, LSE, DeltaScaled, LSElog2, dQ, Parity):
         with T.Kernel(T.ceildiv(seq_len, ROWS), heads, batch, threads=THREADS) as (bx, h, bz):
             if pdl:
                 T.pdl_trigger()
+            if flip_parity:
+                if bx == 0 and h == 0 and bz == 0 and T.get_thread_binding() == 0:
+                    Parity[0] = 1 - Parity[0]
             o = T.alloc_fragment([ROWS, head_dim], dtype)
             do = T.alloc_fragment([ROWS, head_dim], dtype)
             prod = T.alloc_fragment([ROWS, head_dim], accum)
@@ -105,31 +113,39 @@ def preprocess(batch, seq_len, heads, head_dim, dtype, softmax_scale, clear_dq: 
         @T.prim_func
         def main(O: o_t(), dO: o_t(), LSE: row_t(), DeltaScaled: row_t(), LSElog2: row_t(),
                  dQ: T.Tensor(accum_shape, accum)):
-            body(O, dO, LSE, DeltaScaled, LSElog2, dQ)
+            body(O, dO, LSE, DeltaScaled, LSElog2, dQ, None)
 
         return main
 
+    if flip_parity:
+        @T.prim_func
+        def main_flip(O: o_t(), dO: o_t(), LSE: row_t(), DeltaScaled: row_t(), LSElog2: row_t(),
+                      Parity: T.Tensor([1], "int32")):
+            body(O, dO, LSE, DeltaScaled, LSElog2, None, Parity)
+
+        return main_flip
+
     @T.prim_func
     def main_rows(O: o_t(), dO: o_t(), LSE: row_t(), DeltaScaled: row_t(), LSElog2: row_t()):
-        body(O, dO, LSE, DeltaScaled, LSElog2, None)
+        body(O, dO, LSE, DeltaScaled, LSElog2, None, None)
 
     return main_rows
 
 
 def postprocess(batch, seq_len, heads, head_dim, dtype, planes: int = 1, layout: str = "padded",
-                pdl: bool = False):
+                pdl: bool = False, paired: bool = False):
     """dQ in q's dtype from the fp32 accumulator of ``planes`` planes in ``layout``. ``pdl``:
     launched as the main kernel's programmatic dependent, it waits for it before any read.
-    ``batch`` may be ``DYNAMIC_BATCH``."""
+    ``paired``: the accumulator is a pair and the kernel takes the int32 parity that picks the
+    one this call added into (``preprocess``' ``flip_parity``). ``batch`` may be
+    ``DYNAMIC_BATCH``."""
     batch = batch_extent(batch)
     accum = "float"
     width = head_dim // planes
+    accum_shape = dq_accum_shape(batch, seq_len, heads, head_dim, planes, layout)
 
-    @T.prim_func
-    def main(
-        dQaccum: T.Tensor(dq_accum_shape(batch, seq_len, heads, head_dim, planes, layout), accum),
-        dQ: T.Tensor([batch, seq_len, heads, head_dim], dtype),
-    ):
+    @T.macro
+    def body(dQaccum, dQ, Parity):
         with T.Kernel(T.ceildiv(seq_len, ROWS), heads, batch, threads=THREADS) as (bx, h, bz):
             acc = T.alloc_fragment([ROWS, width], accum)
             cast = T.alloc_fragment([ROWS, width], dtype)
@@ -137,24 +153,42 @@ def postprocess(batch, seq_len, heads, head_dim, dtype, planes: int = 1, layout:
             if pdl:
                 T.pdl_sync()
             for p in range(planes):
+                plane = (Parity[0], bz, h, p) if paired else (bz, h, p)
                 if layout == "swizzled":  # ROWS is a multiple of 8: row mod 8 is i mod 8
                     for i, d in T.Parallel(ROWS, width):
-                        acc[i, d] = dQaccum[bz, h, p, bx * ROWS + i, stored_column(layout, i, d)]
+                        acc[i, d] = dQaccum[(*plane, bx * ROWS + i, stored_column(layout, i, d))]
                 else:
-                    T.copy(dQaccum[bz, h, p, bx * ROWS:(bx + 1) * ROWS, 0:width], acc)
+                    T.copy(dQaccum[(*plane, slice(bx * ROWS, (bx + 1) * ROWS), slice(0, width))],
+                           acc)
                 T.copy(acc, cast)
                 T.copy(cast, tile[:, p * width:(p + 1) * width])
             T.copy(tile, dQ[bz, bx * ROWS:(bx + 1) * ROWS, h, :])
+
+    def dq_t():
+        return T.Tensor([batch, seq_len, heads, head_dim], dtype)
+
+    if paired:
+        @T.prim_func
+        def main_pair(dQaccum: T.Tensor((2, *accum_shape), accum), dQ: dq_t(),
+                      Parity: T.Tensor([1], "int32")):
+            body(dQaccum, dQ, Parity)
+
+        return main_pair
+
+    @T.prim_func
+    def main(dQaccum: T.Tensor(accum_shape, accum), dQ: dq_t()):
+        body(dQaccum, dQ, None)
 
     return main
 
 
 @functools.lru_cache(maxsize=None)
-def compiled_preprocess(*args, clear_dq=True, planes=1, layout="padded", pdl=False):
+def compiled_preprocess(*args, clear_dq=True, planes=1, layout="padded", pdl=False,
+                        flip_parity=False):
     return compile_sm90a(preprocess(*args, clear_dq=clear_dq, planes=planes, layout=layout,
-                                    pdl=pdl))
+                                    pdl=pdl, flip_parity=flip_parity))
 
 
 @functools.lru_cache(maxsize=None)
-def compiled_postprocess(*args, pdl=False):
-    return compile_sm90a(postprocess(*args, pdl=pdl))
+def compiled_postprocess(*args, pdl=False, paired=False):
+    return compile_sm90a(postprocess(*args, pdl=pdl, paired=paired))

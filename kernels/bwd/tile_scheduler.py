@@ -49,3 +49,18 @@ def grouped_kv_tile(t, n_kvtiles, kv_heads, fill):
     span = fill * n_kvtiles
     unit = t // span * fill + t % fill
     return t % span // fill, unit % kv_heads, unit // kv_heads
+
+
+def kv_walk_steps(tile, n_qtiles, group, causal, ratio):
+    """Steps of the CTA that holds K/V tile ``tile``: ``group`` query heads' Q tiles from the
+    diagonal's (causal: Q tile ``ratio · tile``, ``ratio`` Q tiles a K/V tile) or from 0."""
+    return group * (n_qtiles - (ratio * tile if causal else 0))
+
+
+def steps_before(tile, kv_head, b, n_qtiles, n_kvtiles, kv_heads, group, causal, ratio):
+    """``kv_walk_steps`` summed over every CTA before this one in (batch, KV head, K/V tile)
+    order: a global step index for work spread over the launch (``ws.Config.zero_next``)."""
+    def prefix(tiles):  # Σ kv_walk_steps over K/V tiles 0 … tiles − 1 (t(t − 1) is even)
+        return group * (tiles * n_qtiles - (ratio * tiles * (tiles - 1) // 2 if causal else 0))
+
+    return (b * kv_heads + kv_head) * prefix(n_kvtiles) + prefix(tile)

@@ -13,7 +13,8 @@ warpgroup is the last, as in ``kernels/fwd/coop.py``):
   threads 128..255  consumer WG2, K/V rows [64, 128)                         setmaxnreg 240
   threads 256..383  setmaxnreg 24: warp 8 the producer (TMA: K and V once, then the Q + lse·log2 e
                     and dO + Δ·scale rings); warps 9 / 10 WG1's / WG2's dQ writer (one bulk
-                    reduce-add a step of the warpgroup's dQ plane); warp 11 idle
+                    reduce-add a step of the warpgroup's dQ plane); warp 11 idle, or
+                    (``Config.zero_next``) the zeroer of the next call's dQ accumulator
 A CTA holds one 128-row K/V tile of one KV head and walks its group's query heads, Q tiles of
 64 rows (``tile_scheduler.q_walk``; causal: from the diagonal's tile). The 1-D grid launches
 the K/V tiles of ``fill`` KV heads together, tile 0 first (``tile_scheduler.grouped_kv_tile``,
@@ -35,12 +36,14 @@ Epilogue: dK and dV (the sum over the group) from registers straight to global m
 Barriers (mbarriers; no named barrier in the kernel, TileLang's automatic syncs off):
   kv_full          K and V landed (32 + bytes)
   q_full[s]        Q and lse·log2 e of slot s landed (32 + bytes); do_full[s] dO and Δ·scale
-  q_empty[s]       both consumers' dK GEMMs of slot s retired (256); do_empty[s] their dV GEMMs
+  q_empty[s]       both consumers' dK GEMMs of slot s retired (256; + the zeroer's 1 with
+                   zero_next); do_empty[s] their dV GEMMs
   ds_ready[s, w]   consumer w's dSᵀ rows are in ds_s[s, w] (128); one a slot, so a warpgroup
                    never laps the other's wait by a whole phase
   dq_full[w]       consumer w's dQ is in dq_s[w] (128); dq_empty[w] its reduce-add read it (1)
 Shared memory at D 128 (bm 128, bn 64, 2 slots): K and V 64 KB, Q and dO 64 KB, dS 32 KB, dQ
-  planes 2 × 64 × 64 fp32 = 32 KB (swizzled; padded 36 KB), lse and Δ 1 KB: 194 KB (+ barriers).
+  planes 2 × 64 × 64 fp32 = 32 KB (swizzled; padded 36 KB), lse and Δ 1 KB: 194 KB (+ barriers;
+  + the zeroer's 2 KB zero block with zero_next).
 Runs S a multiple of 128 (no ragged tile), D 128, the group whole (``supports_problem``);
 ``pipelined.attention_bwd`` runs it there (``heuristics.backend``) and ``pipelined`` elsewhere.
 dQ's accumulator is ``prepost``'s, 2 planes (``prepost.dq_accum_shape``). ``Config.pdl`` launches
@@ -59,7 +62,7 @@ from tilelang.layout import make_swizzled_layout
 
 from ws_lab.kernels import LOG2E, batch_extent
 from ws_lab.kernels.bwd import heuristics, prepost
-from ws_lab.kernels.bwd.tile_scheduler import grouped_kv_tile, q_walk
+from ws_lab.kernels.bwd.tile_scheduler import grouped_kv_tile, kv_walk_steps, q_walk, steps_before
 from ws_lab.target import H100_SMS, compile_sm90a
 
 PASS_CONFIGS = {
@@ -74,6 +77,8 @@ BLOCK_Q = 64  # Q rows a step
 CONSUMER_THREADS = 256
 WARP = 32
 PLANES = 2  # dQ accumulator planes: one a consumer warpgroup
+ZERO_ROWS = 8  # accumulator rows one zeroing bulk store covers (2 KB of a swizzled plane)
+ZERO_GROUPS_IN_FLIGHT = 4  # the zeroer's bulk stores still reading shared memory, at most
 HEAD_DIMS = (128,)
 
 
@@ -88,6 +93,10 @@ class Config:
     # PDL: the main kernel starts on the preprocess' tail (its K / V loads before it waits) and
     # the postprocess on its own; off until measured on a GPU (notes/bwd.md, "Session 54, later")
     pdl: bool = False
+    # dQ into one of two accumulators while warp 11 zeroes the other for the next call by
+    # evict-first bulk stores (TileOPs' design): no clear in the preprocess; the pair and the
+    # device-side parity that picks one are kept between calls (notes/bwd.md "Session 59")
+    zero_next: bool = False
 
     def __post_init__(self):
         if self.dq_layout not in prepost.DQ_LAYOUTS:
@@ -108,14 +117,16 @@ def supports_problem(seq_len, head_dim) -> str | None:
 
 
 def flash_bwd_ws(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softmax_scale,
-                 fill=1, dq_layout="swizzled", pdl=False):
+                 fill=1, dq_layout="swizzled", pdl=False, zero_next=False):
     """(Q, K, V, dO, lse·log2 e, Δ·scale (B, Hq, S) from ``prepost.preprocess``) -> dQ_accum
     (fp32, 2 planes, added to), dK, dV (dtype). ``batch`` may be ``DYNAMIC_BATCH``.
     ``fill``: the KV heads whose K/V tiles launch together (``tile_scheduler.grouped_kv_tile``;
     ``heuristics.kv_fill``). ``dq_layout``: the accumulator's (``Config.dq_layout``).
     ``pdl``: launched as the preprocess' programmatic dependent, it lets its own dependent (the
     postprocess) launch at its start and waits for the preprocess before its first lse / Δ
-    load; every dQ add follows that load."""
+    load; every dQ add follows that load. ``zero_next``: dQ_accum is a pair and the kernel takes
+    the int32 parity the preprocess flipped: it adds into ``dQ[parity]`` and warp 11 zeroes
+    ``dQ[1 - parity]`` for the next call (``zeroer``)."""
     if kv_heads % fill:
         raise ValueError(f"fill {fill} must divide kv_heads {kv_heads}")
     why = supports_problem(seq_len, head_dim)
@@ -132,12 +143,22 @@ def flash_bwd_ws(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softm
     dq_width = accum_shape[-1]  # a staging row: D / 2 and the pad, if any
     dq_run_bytes = bn * dq_width * 4
 
+    zero_bytes = ZERO_ROWS * dq_width * 4
+    rows = accum_shape[3]
+
     def first_qtile(bx):
         """The first Q tile that sees K/V tile ``bx`` (causal: the diagonal's)."""
         return (bx * BLOCK_KV) // bn if causal else 0
 
     def total_steps(bx):
-        return group * (n_qtiles - first_qtile(bx))
+        return kv_walk_steps(bx, n_qtiles, group, causal, BLOCK_KV // bn)
+
+    # the zeroer's C chunks over all CTAs' N steps (int64: a step index times C passes 2^31)
+    chunks = T.Cast("int64", batch * heads * PLANES * rows // ZERO_ROWS)
+    steps = T.Cast("int64", steps_before(0, 0, batch, n_qtiles, n_kvtiles, kv_heads, group,
+                                         causal, BLOCK_KV // bn))
+    chunk_quot, chunk_rem = T.Cast("int32", chunks // steps), T.Cast("int32", chunks % steps)
+    step_count = T.Cast("int32", steps)
 
     def step(bx, it):
         """(query head within the group, Q tile) of step ``it``."""
@@ -171,8 +192,16 @@ def flash_bwd_ws(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softm
                        barrier=do_full[slot])
             T.mbarrier_arrive(do_full[slot])
 
+    def accum_at(dQ, Parity, b, h, plane, row, spare=False):
+        """dQ_accum's element (b, h, plane, row, 0); zero_next: of ``dQ[Parity[0]]``, or
+        ``spare``, of the other one. Parity is read here, after a barrier wait that follows the
+        preprocess' flip."""
+        if not zero_next:
+            return dQ[b, h, plane, row, 0]
+        return dQ[1 - Parity[0] if spare else Parity[0], b, h, plane, row, 0]
+
     @T.macro
-    def dq_writer(w, dq_s, dQ, dq_full, dq_empty, bx, kvh, b):
+    def dq_writer(w, dq_s, dQ, Parity, dq_full, dq_empty, bx, kvh, b):
         """Warp 9 + w: each step, one bulk reduce-add of consumer w's dQ plane into plane w of
         the accumulator (a contiguous run), then hand the plane back once it has been read."""
         lane0 = T.get_thread_binding() % WARP == 0
@@ -181,11 +210,51 @@ def flash_bwd_ws(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softm
             T.mbarrier_wait_parity(dq_full[w], it % 2)
             if lane0:
                 T.call_extern("handle", "tl::tma_store_add", T.access_ptr(dq_s[w, 0, 0], "r"),
-                              T.access_ptr(dQ[b, kvh * group + hh, w, qt * bn, 0], "w"),
+                              T.access_ptr(accum_at(dQ, Parity, b, kvh * group + hh, w, qt * bn),
+                                           "w"),
                               dq_run_bytes)
                 T.tma_store_arrive()
                 T.tma_store_wait(0)  # read: the plane may be restaged
                 T.mbarrier_arrive(dq_empty[w])
+
+    @T.macro
+    def zeroer(dQ, Parity, zero_s, q_full, q_empty, bx, kvh, b):
+        """Warp 11 (zero_next): zeroes ``dQ[1 - Parity[0]]``, the accumulator the next call
+        adds into, in ``ZERO_ROWS``-row chunks from a zeroed shared block by evict-first bulk
+        stores (they leave L2 to the lines the kernel reuses). Global step g takes chunks
+        [g·C / N, (g+1)·C / N) of all C over all N steps, so the stores spread over the launch;
+        its arrival on q_empty keeps it within a slot of the producer."""
+        lane = T.get_thread_binding() % WARP
+        for i in T.serial(zero_bytes // 4 // WARP):
+            zero_s[i * WARP + lane] = T.float32(0)
+        T.fence_proxy_async()  # the generic-proxy zeros, before the bulk stores read them
+        T.sync_warp()
+        if lane == 0:
+            first = T.Cast("int64", steps_before(bx, kvh, b, n_qtiles, n_kvtiles, kv_heads,
+                                                 group, causal, BLOCK_KV // bn))
+            # step g's chunks start at g·C // N; C = q·N + r, so a step moves that start by q,
+            # and by one more when the remainder passes N: int32 from here (24 registers)
+            at = T.alloc_var("int32", init=T.Cast("int32", first * chunks // steps))
+            rem = T.alloc_var("int32", init=T.Cast("int32", first * chunks % steps))
+            for it in T.serial(total_steps(bx)):
+                slot, phase = it % 2, (it // 2) % 2
+                T.mbarrier_wait_parity(q_full[slot], phase)
+                carry = T.if_then_else(rem + chunk_rem >= step_count, 1, 0)
+                for k in T.serial(chunk_quot + carry):
+                    row = (at + k) * ZERO_ROWS  # over (b, h, plane, row), flattened
+                    T.call_extern(
+                        "handle", "tl::tma_store<tl::CacheHintSm90::EVICT_FIRST>",
+                        T.access_ptr(accum_at(dQ, Parity, row // (rows * PLANES * heads),
+                                              row // (rows * PLANES) % heads,
+                                              row // rows % PLANES, row % rows, spare=True),
+                                     "w"),
+                        T.access_ptr(zero_s[0], "r"), zero_bytes)
+                    T.tma_store_arrive()
+                T.mbarrier_arrive(q_empty[slot])
+                at = at + chunk_quot + carry
+                rem = rem + chunk_rem - carry * step_count
+                T.tma_store_wait(ZERO_GROUPS_IN_FLIGHT)
+            T.tma_store_wait(0)  # read: shared memory outlives the stores' reads
 
     @T.macro
     def consumer(w, k_s, v_s, q_s, do_s, lse_s, dl_s, ds_s, dq_s, dK, dV, kv_full, q_full,
@@ -271,10 +340,8 @@ def flash_bwd_ws(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softm
     def row_t():
         return T.Tensor([batch, heads, seq_len], accum)
 
-    @T.prim_func
-    def main(Q: q_t(), K: kv_t(), V: kv_t(), dO: q_t(), LSElog2: row_t(), DeltaScaled: row_t(),
-             dQ: T.Tensor(accum_shape, accum),
-             dK: kv_t(), dV: kv_t()):
+    @T.macro
+    def body(Q, K, V, dO, LSElog2, DeltaScaled, dQ, dK, dV, Parity):
         with T.Kernel(n_kvtiles * kv_heads * batch, threads=CONSUMER_THREADS + 128) as t:
             bx, kvh, b = grouped_kv_tile(t, n_kvtiles, kv_heads, fill)
             k_s = T.alloc_shared([2, HALF, head_dim], dtype)
@@ -290,21 +357,27 @@ def flash_bwd_ws(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softm
             kv_full = T.alloc_barrier(WARP)
             q_full = T.alloc_barrier([WARP] * 2)
             do_full = T.alloc_barrier([WARP] * 2)
-            q_empty = T.alloc_barrier([CONSUMER_THREADS] * 2)
+            zero_s = T.alloc_shared([zero_bytes // 4], accum) if zero_next else None
+            # zero_next: the zeroer's arrival too, which keeps it within a slot of the producer
+            q_empty = T.alloc_barrier([CONSUMER_THREADS + (1 if zero_next else 0)] * 2)
             do_empty = T.alloc_barrier([CONSUMER_THREADS] * 2)
             ds_ready = T.alloc_barrier([128] * 4)  # slot * 2 + warpgroup
             dq_full = T.alloc_barrier([128] * PLANES)
             dq_empty = T.alloc_barrier([1] * PLANES)
             tx = T.get_thread_binding()
             if tx >= CONSUMER_THREADS:
+                # 24 + 2 × 240 = 3 × 168, the registers the CTA launched with: an increase takes
+                # what a decrease freed; with 32 here the kernel never returned (notes/bwd.md)
                 T.set_max_nreg(24, 0)
                 if tx < CONSUMER_THREADS + WARP:
                     producer(Q, K, V, dO, LSElog2, DeltaScaled, k_s, v_s, q_s, do_s, lse_s, dl_s,
                              kv_full, q_full, do_full, q_empty, do_empty, bx, kvh, b)
                 elif tx < CONSUMER_THREADS + 2 * WARP:
-                    dq_writer(0, dq_s, dQ, dq_full, dq_empty, bx, kvh, b)
+                    dq_writer(0, dq_s, dQ, Parity, dq_full, dq_empty, bx, kvh, b)
                 elif tx < CONSUMER_THREADS + 3 * WARP:
-                    dq_writer(1, dq_s, dQ, dq_full, dq_empty, bx, kvh, b)
+                    dq_writer(1, dq_s, dQ, Parity, dq_full, dq_empty, bx, kvh, b)
+                elif zero_next:
+                    zeroer(dQ, Parity, zero_s, q_full, q_empty, bx, kvh, b)
             elif tx < 128:
                 T.set_max_nreg(240, 1)
                 consumer(0, k_s, v_s, q_s, do_s, lse_s, dl_s, ds_s, dq_s, dK, dV, kv_full,
@@ -315,6 +388,20 @@ def flash_bwd_ws(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softm
                 consumer(1, k_s, v_s, q_s, do_s, lse_s, dl_s, ds_s, dq_s, dK, dV, kv_full,
                          q_full, do_full, q_empty, do_empty, ds_ready, dq_full, dq_empty, bx,
                          kvh, b)
+
+    if zero_next:
+        @T.prim_func
+        def main_pair(Q: q_t(), K: kv_t(), V: kv_t(), dO: q_t(), LSElog2: row_t(),
+                      DeltaScaled: row_t(), dQ: T.Tensor((2, *accum_shape), accum), dK: kv_t(),
+                      dV: kv_t(), Parity: T.Tensor([1], "int32")):
+            body(Q, K, V, dO, LSElog2, DeltaScaled, dQ, dK, dV, Parity)
+
+        return main_pair
+
+    @T.prim_func
+    def main(Q: q_t(), K: kv_t(), V: kv_t(), dO: q_t(), LSElog2: row_t(), DeltaScaled: row_t(),
+             dQ: T.Tensor(accum_shape, accum), dK: kv_t(), dV: kv_t()):
+        body(Q, K, V, dO, LSElog2, DeltaScaled, dQ, dK, dV, None)
 
     return main
 

@@ -173,3 +173,72 @@ def test_the_pdl_option_waits_before_the_preprocess_outputs(tmp_path):
     assert marked == {"post": True, "post_off": False}
     for source in (off, pre_off, post_off.kernel_source):
         assert "Programmatic" not in source and "GridDependency" not in source
+
+
+@pytest.mark.parametrize("n_kvtiles,kv_heads,batch,group,causal",
+                         [(32, 8, 1, 4, True), (3, 2, 3, 7, True), (4, 8, 2, 1, False),
+                          (5, 4, 2, 8, False)])
+def test_steps_before_numbers_every_ctas_steps_once(n_kvtiles, kv_heads, batch, group, causal):
+    """``zero_next``'s global step index: the CTAs' step ranges [steps_before, + kv_walk_steps)
+    tile [0, all steps) with no gap or overlap, so the zeroer's chunk ranges [g·C / N, (g+1)·C
+    / N) cover every chunk once; the number of all steps is steps_before of (0, 0, batch)."""
+    n_qtiles, ratio = 2 * n_kvtiles, ws.BLOCK_KV // ws.BLOCK_Q
+    spans = sorted((tile_scheduler.steps_before(tile, kvh, b, n_qtiles, n_kvtiles, kv_heads,
+                                                group, causal, ratio),
+                    tile_scheduler.kv_walk_steps(tile, n_qtiles, group, causal, ratio))
+                   for tile, kvh, b in itertools.product(range(n_kvtiles), range(kv_heads),
+                                                         range(batch)))
+    at = 0
+    for start, steps in spans:
+        assert start == at and steps > 0
+        at += steps
+    assert at == tile_scheduler.steps_before(0, 0, batch, n_qtiles, n_kvtiles, kv_heads, group,
+                                             causal, ratio)
+
+
+@pytest.mark.parametrize("chunks,steps,first,count", [(32768, 33792, 0, 256),
+                                                      (32768, 33792, 33536, 256),
+                                                      (131072, 524288, 1000, 4096),
+                                                      (7, 3, 1, 2)])
+def test_the_zeroers_int32_stepping_gives_the_chunk_ranges(chunks, steps, first, count):
+    """The zeroer steps its chunk start in int32 (``at`` += C // N, and 1 more whenever the
+    remainder passes N) from ``first·C // N``: it lands on g·C // N at every step g, so its
+    ranges are the formula's."""
+    at, rem = first * chunks // steps, first * chunks % steps
+    for g in range(first, first + count):
+        carry = 1 if rem + chunks % steps >= steps else 0
+        assert (at, at + chunks // steps + carry) == (g * chunks // steps,
+                                                      (g + 1) * chunks // steps)
+        at, rem = at + chunks // steps + carry, rem + chunks % steps - carry * steps
+
+
+@needs_nvcc
+def test_the_zero_next_option_zeroes_the_spare_accumulator_in_the_idle_warp(tmp_path):
+    """``ws.Config(zero_next=True)``: warp 11 bulk-stores zeros, evict-first, into the other
+    accumulator of the pair (index 1 − parity), the reduce-adds go to ``dQ[parity]``, the
+    producer warpgroup stays at 24 registers (3 × 168 = 24 + 2 × 240) with no spill, q_empty
+    counts the zeroer; the preprocess stores no accumulator and flips the parity once, the
+    postprocess reads the pair at the parity; without the option none of it is there."""
+    args = (2, 1024, 8, 2, 128, True, "bfloat16", 0.088, 2, "swizzled")
+    shape = shapes.Shape("bwd-ws-zn", 2, 8, 2, 1024, 128, 128, True, "bfloat16")
+    on = emit.lower_variant("bwd-ws", shape, ws.flash_bwd_ws(*args, zero_next=True),
+                            ws.PASS_CONFIGS)
+    summary = emit.inspect(on, tmp_path)
+    assert sorted(set(summary.setmaxnreg)) == ["DEALLOC 24", "TRY_ALLOC 240"]
+    assert summary.spill_bytes == 0 and summary.stack_frame == 0, summary.format()
+    zero_stores = re.findall(r"tl::tma_store<tl::CacheHintSm90::EVICT_FIRST>\(.*", on.source)
+    assert len(zero_stores) == 1 and "- (((int64_t)Parity[(int64_t)0]) *" in zero_stores[0]
+    adds = re.findall(r"tl::tma_store_add\(.*", on.source)
+    assert len(adds) == 2 and all("(int64_t)Parity[(int64_t)0]) * (int64_t)2097152" in a
+                                  for a in adds)
+    inits = dict(re.findall(r"(\w+\[\d\])\.init\((\d+)\)", on.source))
+    assert inits["q_empty[0]"] == inits["q_empty[1]"] == str(ws.CONSUMER_THREADS + 1)
+    pre = emit.lower_prim_func(prepost.preprocess(
+        2, 1024, 8, 128, "bfloat16", 0.088, clear_dq=False, planes=2, layout="swizzled",
+        flip_parity=True)).kernel_source
+    assert "dQ" not in pre and pre.count("Parity[0] = (1 - Parity[0]);") == 1
+    post = emit.lower_prim_func(prepost.postprocess(2, 1024, 8, 128, "bfloat16", 2, "swizzled",
+                                                    paired=True)).kernel_source
+    assert "Parity[0]" in post
+    off = emit.lower_prim_func(ws.flash_bwd_ws(*args), ws.PASS_CONFIGS).kernel_source
+    assert "EVICT_FIRST" not in off and "Parity" not in off

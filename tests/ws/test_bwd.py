@@ -129,6 +129,56 @@ def test_the_ws_pdl_option_matches_the_oracle(head_dim, causal, dtype, group, se
                                    config=ws.Config(pdl=True))
 
 
+@pytest.mark.parametrize("head_dim,causal,dtype,group,seq_len", WS_CASES[1::2])
+@pytest.mark.parametrize("pdl", [False, True])
+def test_the_ws_zero_next_option_matches_the_oracle_call_after_call(head_dim, causal, dtype,
+                                                                    group, seq_len, pdl):
+    """``ws.Config(zero_next=True)`` (dQ added into one of a kept pair of accumulators while the
+    main kernel zeroes the other): three calls in a row on fresh inputs of one shape, each within
+    the bound. Calls 2 and 3 add into what calls 1 and 2 zeroed and read them back, so a chunk
+    left unzeroed or a parity read early fails them."""
+    from ws_lab.kernels.bwd import ws
+
+    for _ in range(3):
+        assert_case_matches_the_oracle(head_dim, causal, dtype, group, seq_len,
+                                       config=ws.Config(zero_next=True, pdl=pdl))
+
+
+def test_the_ws_zero_next_option_replays_from_a_cuda_graph():
+    """``zero_next``'s parity lives on the device, so a captured backward replays: a graph of one
+    call, replayed three times on fresh inputs copied into its buffers, gives each its own
+    gradients (a parity fixed at capture would add into an accumulator nobody zeroes)."""
+    import torch
+
+    from ws_lab.kernels.bwd import ws
+
+    inputs, _ = problem(128, True, "bfloat16", 4, 512)
+    static = [t.clone() for t in inputs]
+    grads = poisoned_grads(*static[:3])
+    config = ws.Config(zero_next=True)
+
+    def run():
+        pipelined.attention_bwd(*static, True, config=config, **grads)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        run()  # the warm-up makes the pair outside the capture
+        with torch.cuda.graph(graph, stream=stream):
+            run()
+    torch.cuda.current_stream().wait_stream(stream)
+    for _ in range(3):
+        fresh, want = problem(128, True, "bfloat16", 4, 512)
+        for buf, t in zip(static, fresh):
+            buf.copy_(t)
+        for g in grads.values():
+            g.fill_(float("nan"))
+        graph.replay()
+        for name, w in zip(("dq", "dk", "dv"), want):
+            assert grad_error(grads[name], w) < TOLERANCE["bfloat16"], name
+
+
 def pdl_pair(spin_cycles):
     """A one-CTA kernel that lets its dependent launch, spins, then sets Flag; and its dependent,
     which reads Flag before and after its wait into Out."""
@@ -432,7 +482,8 @@ for causal, s in ((True, 256), (False, 384)):
     out, lse = oracle.attention_ref(q, k, v, causal=causal)
     want = oracle.attention_bwd_ref(q, k, v, dout, causal=causal)
     for options in (dict(backend="ws"), dict(backend="ws", dynamic_batch=True),
-                    dict(config=ws.Config(dq_layout="padded")), dict(config=ws.Config(pdl=True))):
+                    dict(config=ws.Config(dq_layout="padded")), dict(config=ws.Config(pdl=True)),
+                    dict(config=ws.Config(zero_next=True)), dict(config=ws.Config(zero_next=True))):
         grads = pipelined.attention_bwd(q, k, v, out.to(q.dtype), dout, lse.float(), causal,
                                         **options)
         assert all(oracle.rel_l2(g, w) < 2e-2 for g, w in zip(grads, want))
@@ -442,7 +493,8 @@ for causal, s in ((True, 256), (False, 384)):
 @pytest.mark.parametrize("tool", ["racecheck", "memcheck"])
 def test_sanitizers_find_nothing_on_the_ws_backend(tool):
     """``backend="ws"`` (mbarriers only, TileLang's syncs off), causal and full, a static and a
-    dynamic batch, the padded dQ layout and PDL: no shared-memory hazard (racecheck) and no access
+    dynamic batch, the padded dQ layout, PDL and zero_next (twice: the second call adds into what
+    the first zeroed): no shared-memory hazard (racecheck) and no access
     out of bounds (memcheck) in its main kernel or the pre / postprocess."""
     assert_sanitizer_clean(tool, SANITIZED_WS, kernels="main")
 
