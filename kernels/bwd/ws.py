@@ -95,7 +95,8 @@ class Config:
     pdl: bool = False
     # dQ into one of two accumulators while warp 11 zeroes the other for the next call by
     # evict-first bulk stores (TileOPs' design): no clear in the preprocess; the pair and the
-    # device-side parity that picks one are kept between calls (notes/bwd.md "Session 59")
+    # device-side parity that picks one are kept between calls (notes/bwd.md "Session 59");
+    # ``DEFAULT`` has it on: 1.013-1.016 × off on the H100 (notes/bwd.md "Session 60")
     zero_next: bool = False
 
     def __post_init__(self):
@@ -104,7 +105,9 @@ class Config:
                              f"{self.dq_layout!r}")
 
 
-DEFAULT = Config()
+# the backend's configuration when none is given: the kept pair costs 2 × dQ_accum a shape
+# (up to ``pipelined.dq_accum_pair``'s 8), the price of no clear per call
+DEFAULT = Config(zero_next=True)
 
 
 def supports_problem(seq_len, head_dim) -> str | None:
