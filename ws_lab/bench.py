@@ -212,7 +212,7 @@ def checked_cycle(row: Row, make_calls: Callable[[], list], error_of: Callable):
 
 
 def measure(shape: shapes.Shape, impls: dict[str, Callable], is_lab: set[str],
-            rounds: int = DEFAULT_ROUNDS) -> list[Row]:
+            rounds: int = DEFAULT_ROUNDS, timer: str = "rounds") -> list[Row]:
     import torch
 
     from ws_lab import oracle
@@ -228,15 +228,20 @@ def measure(shape: shapes.Shape, impls: dict[str, Callable], is_lab: set[str],
         except Exception as exc:  # a peer that cannot run this shape shows n/a
             row.note = timing.failure_note(exc)
         rows.append(row)
-    time_rows(rows, timed, rounds, shape.flops())
+    time_rows(rows, timed, rounds, shape.flops(), timer)
     torch.cuda.empty_cache()
-    rows.append(floor_row(shape, floor_ms(shape), shape.flops(), len(sets), rounds))
+    rows.append(floor_row(shape, floor_ms(shape), shape.flops(), len(sets), rounds, timer))
     return rows
 
 
-def time_rows(rows: list[Row], timed: dict[str, Callable], rounds: int, flops: float) -> None:
-    """Times ``timed`` in interleaved rounds and fills each row's figures (or its failure)."""
-    round_ms, failed = timing.time_rounds(timed, rounds)
+TIMERS = {"rounds": timing.time_rounds, "calls": timing.time_calls}
+
+
+def time_rows(rows: list[Row], timed: dict[str, Callable], rounds: int, flops: float,
+              timer: str = "rounds") -> None:
+    """Times ``timed`` in interleaved rounds (``TIMERS[timer]``) and fills each row's figures
+    (or its failure)."""
+    round_ms, failed = TIMERS[timer](timed, rounds)
     for row in rows:
         if row.impl in failed:
             row.note = timing.failure_note(failed[row.impl])
@@ -247,11 +252,13 @@ def time_rows(rows: list[Row], timed: dict[str, Callable], rounds: int, flops: f
             row.tflops = flops / (row.ms * 1e9)
 
 
-def floor_row(shape: shapes.Shape, ms: float, flops: float, n_sets: int, rounds: int) -> Row:
+def floor_row(shape: shapes.Shape, ms: float, flops: float, n_sets: int, rounds: int,
+              timer: str = "rounds") -> Row:
     mask = "causal" if shape.causal else "full"
     floor = Row("floor", shape.name, shape.seq_len, mask, shape.dtype, ms, flops / (ms * 1e9))
     floor.note = (f"max({floors.TENSOR_TFLOPS:.0f} TFLOP/s, {floors.HBM_TBPS} TB/s); "
-                  f"{n_sets} rotating input set(s), {rounds} interleaved round(s)")
+                  f"{n_sets} rotating input set(s), {rounds} interleaved round(s)"
+                  + (f" of {timing.CYCLES_PER_ROUND} call cycles" if timer == "calls" else ""))
     return floor
 
 
@@ -355,6 +362,12 @@ def parse_args(argv, default_shapes: list[str], extra: Callable | None = None,
                          "costs about 0.3 s per implementation against tens of seconds of "
                          "compiling per shape, and more rounds narrow the median a parity call "
                          "is read off)")
+    ap.add_argument("--timer", choices=sorted(TIMERS), default="rounds",
+                    help="rounds (default): each implementation timed once a round by do_bench; "
+                         f"calls: each round {timing.CYCLES_PER_ROUND} cycles of one call of "
+                         "each implementation, L2 flushed before each, the round's figure the "
+                         "median of its calls (for power-bound kernels, whose clock moves "
+                         "between do_bench windows)")
     ap.add_argument("--json", type=Path,
                     help="write the rows as JSON here (without a GPU: the static report)")
     ap.add_argument("--plot", type=Path,
@@ -447,7 +460,7 @@ def run(kernels: list[str], args, suite: Suite = FORWARD) -> list[Row]:
     is_lab = {name for name in impls if name in registry.KERNELS}
     rows = []
     for shape in args.cases:
-        rows += suite.measure(shape, impls, is_lab, args.rounds)
+        rows += suite.measure(shape, impls, is_lab, args.rounds, args.timer)
     device = torch.cuda.get_device_name()
     print(f"\n{device}, torch {torch.__version__}; ×peer = peer ms / row ms\n")
     print(table(rows, suite.peers))

@@ -87,7 +87,7 @@ def _worst_error(grads, want) -> float:
 
 
 def measure(shape: shapes.Shape, impls: dict[str, Callable], is_lab: set[str],
-            rounds: int = bench.DEFAULT_ROUNDS) -> list[bench.Row]:
+            rounds: int = bench.DEFAULT_ROUNDS, timer: str = "rounds") -> list[bench.Row]:
     import torch
 
     from ws_lab import oracle
@@ -106,10 +106,10 @@ def measure(shape: shapes.Shape, impls: dict[str, Callable], is_lab: set[str],
         rows.append(row)
     del want
     flops = BWD_FLOPS * shape.flops()
-    bench.time_rows(rows, timed, rounds, flops)
+    bench.time_rows(rows, timed, rounds, flops, timer)
     torch.cuda.empty_cache()
     floor = floors.floor_ms(flops, BWD_BYTES * shape.min_bytes())
-    rows.append(bench.floor_row(shape, floor, flops, len(sets), rounds))
+    rows.append(bench.floor_row(shape, floor, flops, len(sets), rounds, timer))
     return rows
 
 

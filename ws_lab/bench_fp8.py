@@ -68,7 +68,7 @@ def implementations(lab_kernels: list[str]) -> dict[str, Callable]:
 
 
 def measure(shape: shapes.Shape, impls: dict[str, Callable], is_lab: set[str],
-            rounds: int = bench.DEFAULT_ROUNDS) -> list[bench.Row]:
+            rounds: int = bench.DEFAULT_ROUNDS, timer: str = "rounds") -> list[bench.Row]:
     import torch
 
     from ws_lab import oracle
@@ -91,10 +91,10 @@ def measure(shape: shapes.Shape, impls: dict[str, Callable], is_lab: set[str],
             timed[name] = call
         rows.append(row)
     del refs
-    bench.time_rows(rows, timed, rounds, shape.flops())
+    bench.time_rows(rows, timed, rounds, shape.flops(), timer)
     torch.cuda.empty_cache()
     floor = floors.floor_ms(shape.flops() / 2, shape.min_bytes() / 2)
-    floor_row = bench.floor_row(shape, floor, shape.flops(), len(sets), rounds)
+    floor_row = bench.floor_row(shape, floor, shape.flops(), len(sets), rounds, timer)
     floor_row.dtype = "fp8"
     floor_row.note = f"FP8 at twice the bf16 ceiling (assumed); {floor_row.note}"
     return rows + [floor_row]

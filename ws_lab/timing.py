@@ -2,17 +2,22 @@
 (``round_orders``), each implementation timed once a round by a timer (``do_bench_ms`` for
 kernels that run long enough to time from the host, ``graph_replay_us`` for µs-scale decode
 kernels, the rollout's own per-step figure for whole loops), and input sets rotated so that no
-timing measures the L2 (``rotation_count``)."""
+timing measures the L2 (``rotation_count``). ``time_calls`` interleaves finer, call by call,
+for kernels that run power-bound (the clock moves between one implementation's do_bench
+window and the next's)."""
 from __future__ import annotations
 
 import itertools
 import math
 import random
+import statistics
 from typing import Callable
 
 ROTATE_L2_MULTIPLE = 4  # rotating input sets hold this many times the L2 together
 ROUND_WARMUP_MS, ROUND_REP_MS = 50, 250  # do_bench_ms: per implementation and round
 ROUND_ORDER_SEED = 0
+CYCLES_PER_ROUND = 10  # time_calls: calls of each implementation a round
+L2_FLUSH_BYTES = 256 << 20  # what do_bench zeroes before each call, more than any L2
 
 
 def rotation_count(set_bytes: int, device, cap: int) -> int:
@@ -88,6 +93,56 @@ def time_rounds(calls: dict[str, Callable], rounds: int, timer: Callable = None)
                 failed[name] = exc
     return {n: t for n, t in times.items() if n not in failed}, failed
 
+
+def time_calls(calls: dict[str, Callable], rounds: int, cycles: int = CYCLES_PER_ROUND,
+               seed: int = ROUND_ORDER_SEED):
+    """Call-by-call interleaving: each round is ``cycles`` cycles, each cycle calls every
+    implementation once in a fresh seeded shuffle, the L2 flushed before each call and device
+    events around it; a round's figure (ms) is the median of its ``cycles`` calls. Every
+    implementation meets the same clock: one implementation's back-to-back do_bench windows
+    read 703, 752 and 730 µs on a power-bound backward (notes/bwd.md, "Session 60"). Returns
+    what ``time_rounds`` does."""
+    import torch
+
+    flush = l2_flush_buffer()
+    rng = random.Random(seed)
+    times, failed = {name: [] for name in calls}, {}
+    for _ in range(rounds):
+        events = {name: [] for name in calls if name not in failed}
+        for _ in range(cycles):
+            order = list(events)
+            rng.shuffle(order)
+            for name in order:
+                if name not in failed:
+                    _time_one(calls[name], flush, events[name], failed, name)
+        torch.cuda.synchronize()
+        for name, pairs in events.items():
+            if name not in failed:
+                times[name].append(statistics.median(a.elapsed_time(b) for a, b in pairs))
+    return {n: t for n, t in times.items() if n not in failed}, failed
+
+
+def l2_flush_buffer():
+    """``time_calls``' flush: zeroed before each call, as do_bench does."""
+    import torch
+
+    return torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+
+
+def _time_one(call: Callable, flush, pairs: list, failed: dict, name: str) -> None:
+    """One flushed, event-timed call of ``time_calls``; a call that raises is timed no more."""
+    import torch
+
+    flush.zero_()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    try:
+        start.record()
+        call()
+        end.record()
+    except Exception as exc:  # e.g. out of memory beside the others' inputs
+        failed[name] = exc
+        return
+    pairs.append((start, end))
 
 def failure_note(exc: Exception) -> str:
     """The one line a table shows for an implementation that could not run or be timed."""

@@ -173,3 +173,75 @@ def test_the_fp8_table_has_the_fp8_peers_and_the_bf16_columns():
     head, _, lab = bench.table(rows, bench_fp8.PEERS).splitlines()[:3]
     assert "×FA3-FP8 | ×TileOPs-FP8 | ×FA3 | ×persistent" in head
     assert "| 0.800 | n/a | 1.400 | n/a |" in lab
+
+
+@pytest.fixture
+def event_clock(monkeypatch):
+    """torch.cuda's events and the L2 flush replaced by a clock: a call of name n advances it
+    by base[n] · (1 + 0.01 k) ms, k the call's index in the run (a drifting clock); records
+    the calls and the flushes in order."""
+    import torch
+
+    log, clock = [], [0.0]
+
+    class Event:
+        def __init__(self, enable_timing):
+            assert enable_timing
+
+        def record(self):
+            self.at = clock[0]
+
+        def elapsed_time(self, end):
+            return end.at - self.at
+
+    class Flush:
+        def zero_(self):
+            log.append("flush")
+
+    def call(name):
+        def run():
+            k = sum(1 for x in log if x != "flush")
+            log.append(name)
+            clock[0] += {"a": 1.0, "b": 2.0, "c": 4.0}[name] * (1 + 0.01 * k)
+        return run
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(timing, "l2_flush_buffer", Flush)
+    return log, call
+
+
+def test_time_calls_interleaves_call_by_call_and_takes_each_rounds_median(event_clock):
+    log, call = event_clock
+    times, failed = timing.time_calls({n: call(n) for n in "abc"}, rounds=2, cycles=5)
+    assert not failed
+    calls = [x for x in log if x != "flush"]
+    assert log == [x for name in calls for x in ("flush", name)]  # a flush before every call
+    cycles = [calls[i:i + 3] for i in range(0, len(calls), 3)]
+    assert len(cycles) == 10 and all(sorted(c) == list("abc") for c in cycles)
+    assert len({tuple(c) for c in cycles}) > 1  # a fresh order each cycle
+    for name, base in {"a": 1.0, "b": 2.0, "c": 4.0}.items():
+        slots = [k for k, n in enumerate(calls) if n == name]
+        per_call = [base * (1 + 0.01 * k) for k in slots]
+        assert times[name] == pytest.approx([per_call[2], per_call[7]])  # each round's median
+
+
+def test_time_calls_times_a_call_that_raises_no_more(event_clock):
+    log, call = event_clock
+    ok = call("a")
+
+    def flaky():
+        if log.count("a") >= 3:
+            raise RuntimeError("CUDA out of memory")
+        ok()
+
+    times, failed = timing.time_calls({"a": flaky, "b": call("b")}, rounds=2, cycles=4)
+    assert log.count("a") == 3 and log.count("b") == 8
+    assert list(times) == ["b"] and len(times["b"]) == 2
+    assert str(failed["a"]) == "CUDA out of memory"
+
+
+def test_the_bench_takes_the_call_by_call_timer():
+    args = bench.parse_args(["--timer", "calls"], ["llama8b-4k"])
+    assert bench.TIMERS[args.timer] is timing.time_calls
+    assert bench.parse_args([], ["llama8b-4k"]).timer == "rounds"
