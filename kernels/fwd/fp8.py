@@ -49,7 +49,8 @@ with the fourth on llama8b-4k, 1 % behind on train8b-4k (notes/fp8.md, "Session 
 A seventh, ``design="coop-overlap-rs-desc"`` (``fp8-coop-rs-desc``), is the fourth walking
 K/V downward as FA3 does (``coop.Config.kv_descending``): a causal tile's diagonal block is
 its first, whose softmax has no PV to overlap anyway, and fewer masked blocks remain in the
-loop; lowered, not yet run (notes/fp8.md, "Session 59").
+loop. Correct on the grid (H100); timed call by call, 0.909 / 0.938 / 0.987 / 1.008 × FA3 FP8
+on llama8b-4k / -8k, train8b-4k / -8k, 1.00–1.05 × the fourth (notes/fp8.md, "Session 60").
 
 ``quantize(q, k, v, hadamard=)`` makes the inputs from bf16 / fp16 ones: per-(batch, KV head)
 descales, and optionally FA3's incoherent processing (q and k rotated by one random-sign
