@@ -151,10 +151,10 @@ PERSISTENT_HEAD_DIMS = [(64, 64), (128, 128)]
 
 
 def config_for(head_dim: int, causal: bool, pingpong: bool = True,
-               persistent: bool = False, cluster: int = 1) -> Config:
+               persistent: bool = False, cluster: int = 1, kv_descending: bool = False) -> Config:
     base = CONFIGS[head_dim]
     return Config(base.block_n, base.num_stages, pingpong, heavy_first=causal,
-                  persistent=persistent, cluster=cluster)
+                  persistent=persistent, cluster=cluster, kv_descending=kv_descending)
 
 
 @dataclass(frozen=True)
@@ -781,7 +781,8 @@ def supports(shape: Shape, pingpong: bool = True, persistent: bool = False) -> S
 
 
 def prim_func_for(shape: Shape, pingpong: bool = True, mainloop_factory=serial_mainloop,
-                  persistent: bool = False, cluster: int | None = None):
+                  persistent: bool = False, cluster: int | None = None,
+                  kv_descending: bool = False):
     """The prim_func the lab runs for a named shape (used by ``ws_lab.emit``; a persistent walk
     is planned for the H100's 132 SMs and 50 MB of L2)."""
     if persistent and cluster is None:
@@ -789,7 +790,8 @@ def prim_func_for(shape: Shape, pingpong: bool = True, mainloop_factory=serial_m
                               shape.head_dim, shape.head_dim_v, H100_L2_BYTES)
     return coop_fwd(shape.batch, shape.seq_len, shape.heads, shape.kv_heads, shape.head_dim,
                     shape.head_dim_v, shape.causal, shape.dtype, 1.0 / math.sqrt(shape.head_dim),
-                    config_for(shape.head_dim, shape.causal, pingpong, persistent, cluster or 1),
+                    config_for(shape.head_dim, shape.causal, pingpong, persistent, cluster or 1,
+                               kv_descending),
                     mainloop_factory)
 
 
@@ -805,29 +807,30 @@ def compiled(*args):
 
 def compiled_for(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtype,
                  softmax_scale, pingpong=True, mainloop_factory=serial_mainloop,
-                 persistent=False, cluster=None, device=None):
+                 persistent=False, cluster=None, device=None, kv_descending=False):
     """The compiled kernel ``attention`` launches for these arguments (``cluster`` None: the
     persistent walk's ``cluster_for`` on ``device``'s L2; the grid sized to its SMs)."""
     extra = persistent_device_args(device) if persistent else ()
     if persistent and cluster is None:
         cluster = cluster_for(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, extra[1])
-    cfg = config_for(head_dim, bool(causal), pingpong, persistent, cluster or 1)
+    cfg = config_for(head_dim, bool(causal), pingpong, persistent, cluster or 1, kv_descending)
     return compiled(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, bool(causal), dtype,
                     softmax_scale, cfg, mainloop_factory, *extra)
 
 
 def attention(q, k, v, causal=False, softmax_scale=None, out=None, pingpong: bool = True,
               mainloop_factory=serial_mainloop, persistent: bool = False,
-              cluster: int | None = None):
+              cluster: int | None = None, kv_descending: bool = False):
     """BSHD GQA forward. q (B,S,Hq,D), k (B,S,Hkv,D), v (B,S,Hkv,D) fp16/bf16 on CUDA; D 64/128/256
     (64/128 when persistent). ``cluster`` (persistent): 2 forces the K/V-multicast CTA pair, 1
-    single CTAs, None picks by ``cluster_for``."""
+    single CTAs, None picks by ``cluster_for``. ``kv_descending``: ``Config.kv_descending``
+    (the IntraWGOverlap mainloop on the non-persistent grid)."""
     dims = validate_attention_inputs(
         q, k, v, supported_head_dims=PERSISTENT_HEAD_DIMS if persistent else HEAD_DIMS, out=out,
         softmax_scale=softmax_scale, causal=causal)
     kernel = compiled_for(dims.batch, dims.seq_len, dims.heads, dims.kv_heads, dims.head_dim,
                           dims.head_dim_v, causal, dims.tl_dtype, dims.softmax_scale, pingpong,
-                          mainloop_factory, persistent, cluster, q.device)
+                          mainloop_factory, persistent, cluster, q.device, kv_descending)
     if out is None:
         out = torch.empty(*q.shape[:3], dims.head_dim_v, dtype=q.dtype, device=q.device)
     kernel(q, k, v, out)

@@ -255,15 +255,17 @@ def supports(shape: Shape, pingpong: bool = True, persistent: bool = False, **ab
 
 
 def prim_func_for(shape: Shape, pingpong: bool = True, persistent: bool = False,
-                  cluster: int | None = None, **ablation):
+                  cluster: int | None = None, kv_descending: bool = False, **ablation):
     """``ablation``: ``overlap_mainloop``'s switches (deferred_sums, split_mask), default on;
-    ``cluster`` as in ``coop.attention``."""
-    return coop.prim_func_for(shape, pingpong, overlap_mainloop(**ablation), persistent, cluster)
+    ``cluster`` and ``kv_descending`` as in ``coop.attention``."""
+    return coop.prim_func_for(shape, pingpong, overlap_mainloop(**ablation), persistent, cluster,
+                              kv_descending)
 
 
 def attention(q, k, v, causal=False, softmax_scale=None, out=None, pingpong: bool = True,
-              persistent: bool = False, cluster: int | None = None, **ablation):
+              persistent: bool = False, cluster: int | None = None, kv_descending: bool = False,
+              **ablation):
     """BSHD GQA forward (as ``kernels.coop.attention``) with the IntraWGOverlap mainloop;
     ``ablation`` as in ``prim_func_for``."""
     return coop.attention(q, k, v, causal, softmax_scale, out, pingpong,
-                          overlap_mainloop(**ablation), persistent, cluster)
+                          overlap_mainloop(**ablation), persistent, cluster, kv_descending)

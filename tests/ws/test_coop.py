@@ -6,7 +6,8 @@ on/off, GQA group cycling through 1/4/8, plus batch 3 and a custom scale — 50 
 the persistent overlap kernel (D 64/128) 18 more, and its K/V-multicast CTA pair (cluster 2,
 even GQA groups) 17 more, then the overlap mainloop with FA4's conditional rescale
 (``lazy_rescale``), plain and persistent, at D 128 with wide scores among them, 20 more, and
-the widest case without it (tolerances: ws_lab.testing.TOLERANCE). Then, per variant: 20 runs on
+the widest case without it, then FA3's downward K/V walk (``kv_descending``, D 64/128/256) 24
+more (tolerances: ws_lab.testing.TOLERANCE). Then, per variant: 20 runs on
 the same inputs give bitwise-identical output, and compute-sanitizer's racecheck and memcheck
 find nothing.
 """
@@ -53,10 +54,14 @@ CASES += [dict(c, mainloop="lazy", **extra) for extra in ({}, {"persistent": Tru
           for c in grid([(128, 128)], groups=[1, 4, 8], ragged=[1000, 4097, 333],
                         pingpong=True) + [WIDE, dict(WIDE, causal=True, dtype="float16")]]
 CASES += [dict(WIDE, mainloop="overlap")]  # the same wide scores without the threshold
+# FA3's downward K/V walk (coop.Config.kv_descending): the diagonal block first, Check_inf on it
+CASES += [dict(c, mainloop="overlap", kv_descending=True)
+          for c in grid(HEAD_DIMS, groups=[1, 4, 8], ragged=[1000, 4097, 333], pingpong=True)]
 
 
 def _id(c):
-    return f"{c['mainloop']}-{case_id(c)}" + ("-cluster2" if c.get("cluster") == 2 else "")
+    return (f"{c['mainloop']}-{case_id(c)}" + ("-cluster2" if c.get("cluster") == 2 else "")
+            + ("-descending" if c.get("kv_descending") else ""))
 
 
 def _build(c):
@@ -65,7 +70,7 @@ def _build(c):
     coop.compiled_for(c["batch"], c["seq_len"], c["heads"], c["kv_heads"], c["head_dim"],
                       c["head_dim_v"], c["causal"], c["dtype"], default_scale(c), c["pingpong"],
                       MAINLOOPS[c["mainloop"]], c.get("persistent", False), c.get("cluster"),
-                      torch.device("cuda", 0))
+                      torch.device("cuda", 0), c.get("kv_descending", False))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -79,7 +84,8 @@ def test_coop_matches_oracle(case):
 
     fn = functools.partial(coop.attention, pingpong=case["pingpong"],
                            mainloop_factory=MAINLOOPS[case["mainloop"]],
-                           persistent=case.get("persistent", False), cluster=case.get("cluster"))
+                           persistent=case.get("persistent", False), cluster=case.get("cluster"),
+                           kv_descending=case.get("kv_descending", False))
     result = check_attention(fn, case["batch"], case["seq_len"], case["heads"], case["kv_heads"],
                              case["head_dim"], case["head_dim_v"], case["causal"],
                              getattr(torch, case["dtype"]), softmax_scale=case["scale"])
@@ -90,7 +96,8 @@ ENTRIES = {"serial": coop.attention, "overlap": coop_overlap.attention,
            "persistent": functools.partial(coop_overlap.attention, persistent=True),
            "cluster": functools.partial(coop_overlap.attention, persistent=True, cluster=2),
            "lazy": functools.partial(coop_overlap.attention, persistent=True,
-                                     lazy_rescale=True)}
+                                     lazy_rescale=True),
+           "descending": functools.partial(coop_overlap.attention, kv_descending=True)}
 
 
 @pytest.mark.parametrize("entry", list(ENTRIES.values()), ids=list(ENTRIES))
@@ -115,8 +122,9 @@ assert r.ok, r
 @pytest.mark.parametrize("entry", ["coop.attention", "coop_overlap.attention",
                                    "functools.partial(coop_overlap.attention, persistent=True)",
                                    "functools.partial(coop_overlap.attention, persistent=True, "
-                                   "cluster=2)"],
-                         ids=list(ENTRIES)[:4])
+                                   "cluster=2)",
+                                   "functools.partial(coop_overlap.attention, kv_descending=True)"],
+                         ids=list(ENTRIES)[:4] + ["descending"])
 @pytest.mark.parametrize("tool", ["racecheck", "memcheck"])
 def test_coop_sanitizer_clean(tool, entry):
     assert_sanitizer_clean(tool, SANITIZED.format(entry=entry))
