@@ -13,8 +13,9 @@ warpgroup is the last, as in ``kernels/fwd/coop.py``):
   threads 128..255  consumer WG2, K/V rows [64, 128)                         setmaxnreg 240
   threads 256..383  setmaxnreg 24: warp 8 the producer (TMA: K and V once, then the Q + lse·log2 e
                     and dO + Δ·scale rings); warps 9 / 10 WG1's / WG2's dQ writer (one bulk
-                    reduce-add a step of the warpgroup's dQ plane); warp 11 idle, or
-                    (``Config.zero_next``) the zeroer of the next call's dQ accumulator
+                    reduce-add a step of the warpgroup's dQ plane); warp 11 the zeroer of
+                    the next call's dQ accumulator (``Config.zero_next``, on in ``DEFAULT``)
+                    or idle
 A CTA holds one 128-row K/V tile of one KV head and walks its group's query heads, Q tiles of
 64 rows (``tile_scheduler.q_walk``; causal: from the diagonal's tile). The 1-D grid launches
 the K/V tiles of ``fill`` KV heads together, tile 0 first (``tile_scheduler.grouped_kv_tile``,
