@@ -113,8 +113,12 @@ def time_calls(calls: dict[str, Callable], rounds: int, cycles: int = CYCLES_PER
             order = list(events)
             rng.shuffle(order)
             for name in order:
-                if name not in failed:
-                    _time_one(calls[name], flush, events[name], failed, name)
+                if name in failed:
+                    continue
+                try:
+                    events[name].append(_timed_call(calls[name], flush))
+                except Exception as exc:  # e.g. out of memory beside the others' inputs
+                    failed[name] = exc
         torch.cuda.synchronize()
         for name, pairs in events.items():
             if name not in failed:
@@ -129,20 +133,17 @@ def l2_flush_buffer():
     return torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
 
 
-def _time_one(call: Callable, flush, pairs: list, failed: dict, name: str) -> None:
-    """One flushed, event-timed call of ``time_calls``; a call that raises is timed no more."""
+def _timed_call(call: Callable, flush):
+    """One call of ``time_calls`` after the L2 flush: its (start, end) device events."""
     import torch
 
     flush.zero_()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    try:
-        start.record()
-        call()
-        end.record()
-    except Exception as exc:  # e.g. out of memory beside the others' inputs
-        failed[name] = exc
-        return
-    pairs.append((start, end))
+    start.record()
+    call()
+    end.record()
+    return start, end
+
 
 def failure_note(exc: Exception) -> str:
     """The one line a table shows for an implementation that could not run or be timed."""

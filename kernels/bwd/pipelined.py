@@ -455,8 +455,8 @@ def attention_bwd(q, k, v, out, dout, lse, causal=False, softmax_scale=None, *, 
     the forward's out and the upstream dout (B, S, Hq, D), lse (B, Hq, S) fp32 natural log.
     Δ·scale = rowsum(dout ∘ out)·scale, lse·log2 e and the cleared fp32 dQ accumulator come
     from ``prepost.preprocess`` (ws' default ``zero_next``: a kept accumulator zeroed by the
-    previous call instead), dQ's cast from ``prepost.postprocess`` (FA3's two small kernels). ``dq`` / ``dk`` / ``dv``: output buffers shaped as q / k / v (every element is
-    written). ``deterministic``: dQ from ``flash_bwd_dq`` (a fixed order; bitwise repeatable)
+    previous call instead), dQ's cast from ``prepost.postprocess`` (FA3's two small kernels).
+    ``dq`` / ``dk`` / ``dv``: output buffers shaped as q / k / v (every element is written). ``deterministic``: dQ from ``flash_bwd_dq`` (a fixed order; bitwise repeatable)
     instead of the main kernel's reduce-adds, which land in no fixed order, at two recomputed
     GEMMs a step.
     ``dynamic_batch``: one set of kernels for every batch (B a launch argument). ``config``:

@@ -242,8 +242,9 @@ def kv_producer(bn: int, stages: int, v_parts: int = 1, cluster: int = 1,
     @T.macro
     def produce(K, V, kv: KVStages, b, kv_head, loop_range, it0=0):
         for kb in T.serial(loop_range):
-            load_k(K, kv, b, kv_head, kb, it0, loop_range - 1 - kb if descending else None)
-            load_v(V, kv, b, kv_head, kb, it0, loop_range - 1 - kb if descending else None)
+            key = loop_range - 1 - kb if descending else None
+            load_k(K, kv, b, kv_head, kb, it0, key)
+            load_v(V, kv, b, kv_head, kb, it0, key)
 
     return produce
 
