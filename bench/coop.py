@@ -1,6 +1,6 @@
 """Benchmark the cooperative warp-specialized forward — serial (coop) and IntraWGOverlap
-(coop-overlap) mainloops, each with and without pingpong, the overlap kernel walking K/V
-downward (coop-overlap-desc) and the persistent overlap kernel (coop-overlap-persistent) —
+(coop-overlap) mainloops, each with and without pingpong, the persistent overlap kernel
+(coop-overlap-persistent), and both overlap kernels walking K/V downward (…-desc) —
 against the lab's pipelined baseline, TileOPs, FlashAttention's CuTe-DSL forward (FA-CuTe)
 and cuDNN / flash / mem-efficient SDPA, in one process.
 
@@ -15,8 +15,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # import this chec
 from ws_lab import bench, bench_fp8
 
 if __name__ == "__main__":
-    bench.main(["coop-overlap-persistent", "coop-overlap", "coop-overlap-desc", "coop-overlap-nopp",
-                "coop", "coop-nopp"], ["llama8b-4k"], sys.argv[1:],
+    bench.main(["coop-overlap-persistent", "coop-overlap-persistent-desc", "coop-overlap",
+                "coop-overlap-desc", "coop-overlap-nopp", "coop", "coop-nopp"], ["llama8b-4k"], sys.argv[1:],
                by_dtype={"fp8": (["fp8", "fp8-coop", "fp8-coop-persistent", "fp8-coop-rs",
-                                  "fp8-coop-rs-vt", "fp8-coop-rs-persistent", "fp8-coop-rs-desc"],
+                                  "fp8-coop-rs-vt", "fp8-coop-rs-persistent", "fp8-coop-rs-desc",
+                                  "fp8-coop-rs-persistent-desc"],
                                  bench_fp8.FP8, bench_fp8.SOURCE_DTYPE)})

@@ -99,6 +99,8 @@ _register("coop-overlap", "ws_lab.kernels.fwd.coop_overlap", pingpong=True)
 _register("coop-overlap-nopp", "ws_lab.kernels.fwd.coop_overlap", pingpong=False)
 _register("coop-overlap-persistent", "ws_lab.kernels.fwd.coop_overlap", pingpong=True, persistent=True)
 _register("coop-overlap-desc", "ws_lab.kernels.fwd.coop_overlap", pingpong=True, kv_descending=True)
+_register("coop-overlap-persistent-desc", "ws_lab.kernels.fwd.coop_overlap", pingpong=True,
+          persistent=True, kv_descending=True)
 _register("largehdv", "ws_lab.kernels.fwd.largehdv")
 _register("triton-mha", "ws_lab.kernels.fwd.triton_mha")
 _register("bwd-pipelined", "ws_lab.kernels.bwd.pipelined", kind="bwd", backend="pipelined")
@@ -112,6 +114,8 @@ _register("fp8-coop-rs-vt", "ws_lab.kernels.fwd.fp8", kind="fp8", design="coop-o
 _register("fp8-coop-rs-persistent", "ws_lab.kernels.fwd.fp8", kind="fp8",
           design="coop-overlap-rs-persistent")
 _register("fp8-coop-rs-desc", "ws_lab.kernels.fwd.fp8", kind="fp8", design="coop-overlap-rs-desc")
+_register("fp8-coop-rs-persistent-desc", "ws_lab.kernels.fwd.fp8", kind="fp8",
+          design="coop-overlap-rs-persistent-desc")
 
 
 def get(name: str) -> Kernel:

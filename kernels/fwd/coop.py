@@ -137,7 +137,7 @@ class Config:
     q_slots: int = 2
     # FA3's walk: key block n − 1 − kb at iteration kb, so a causal tile's masked (diagonal)
     # blocks come first and the first is the prologue's (notes/fp8.md "Session 59"). The
-    # non-persistent IntraWGOverlap kernels take it
+    # IntraWGOverlap kernels take it (persistent: with two Q slots)
     kv_descending: bool = False
 
 
@@ -436,9 +436,9 @@ def coop_fwd(batch, seq_len, heads, kv_heads, head_dim, head_dim_v, causal, dtyp
                         commit_p=commit_p_fp8 if fp8 and not cfg.p_in_registers else None,
                         copy_p=copy_p_operand_order if cfg.p_in_registers else T.copy,
                         kv_descending=cfg.kv_descending)
-    if cfg.kv_descending and (cfg.persistent or cfg.transpose_v):
-        raise ValueError("kv_descending runs on the non-persistent grid without transpose_v "
-                         "(the persistent walk and the transposing producer load ascending)")
+    if cfg.kv_descending and (cfg.q_slots == 1 or cfg.transpose_v):
+        raise ValueError("kv_descending runs without transpose_v and, persistent, with two Q "
+                         "slots (the transposing and the one-slot producers load ascending)")
     loop = mainloop_factory(t)
     if cfg.q_slots not in (1, 2) or (cfg.q_slots == 1 and not cfg.persistent):
         raise ValueError(f"q_slots={cfg.q_slots}: the persistent kernel holds 1 or 2 Q slots; "

@@ -51,6 +51,8 @@ K/V downward as FA3 does (``coop.Config.kv_descending``): a causal tile's diagon
 its first, whose softmax has no PV to overlap anyway, and fewer masked blocks remain in the
 loop. Correct on the grid (H100); timed call by call, 0.909 / 0.938 / 0.987 / 1.008 × FA3 FP8
 on llama8b-4k / -8k, train8b-4k / -8k, 1.00–1.05 × the fourth (notes/fp8.md, "Session 60").
+An eighth, ``design="coop-overlap-rs-persistent-desc"`` (``fp8-coop-rs-persistent-desc``), is
+the sixth walking downward (notes/fp8.md, "Session 61").
 
 ``quantize(q, k, v, hadamard=)`` makes the inputs from bf16 / fp16 ones: per-(batch, KV head)
 descales, and optionally FA3's incoherent processing (q and k rotated by one random-sign
@@ -82,9 +84,12 @@ INPUT_DTYPE = TL_FP8  # what ``python -m ws_lab.emit fp8`` reports (the shape's 
 OUT_DTYPE = torch.bfloat16
 HEAD_DIMS = ((64, 64), (128, 128))
 DESIGNS = ("pipelined", "coop-overlap", "coop-overlap-persistent", "coop-overlap-rs",
-           "coop-overlap-rs-vt", "coop-overlap-rs-persistent", "coop-overlap-rs-desc")
+           "coop-overlap-rs-vt", "coop-overlap-rs-persistent", "coop-overlap-rs-desc",
+           "coop-overlap-rs-persistent-desc")
 RS_DESIGNS = DESIGNS[3:]  # P from registers, Vᵀ's keys in coop.operand_key's order
-PERSISTENT_DESIGNS = ("coop-overlap-persistent", "coop-overlap-rs-persistent")
+PERSISTENT_DESIGNS = ("coop-overlap-persistent", "coop-overlap-rs-persistent",
+                      "coop-overlap-rs-persistent-desc")
+DESCENDING_DESIGNS = ("coop-overlap-rs-desc", "coop-overlap-rs-persistent-desc")
 # TileLang's shared-memory syncs off (the kernel's named barriers order P and O; notes/fp8.md,
 # "Session 38"), reuse off with them (tilelang #2416), and fast math (bare ex2.approx)
 PASS_CONFIGS = {tilelang.PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True,
@@ -232,7 +237,7 @@ def design_config(design: str, causal: bool) -> coop.Config:
     """The tiles of a non-persistent coop-overlap design."""
     return coop_config_for(causal, p_in_registers=design in RS_DESIGNS,
                            transpose_v=design == "coop-overlap-rs-vt",
-                           kv_descending=design == "coop-overlap-rs-desc")
+                           kv_descending=design in DESCENDING_DESIGNS)
 
 
 def postproc_passes_for(design: str = "pipelined") -> tuple:
@@ -272,7 +277,8 @@ def persistent_config(design: str, problem, l2_bytes: int, cluster=None) -> coop
     if cluster is None:
         cluster = cluster_for(*problem[:4], problem[4], problem[4], l2_bytes, elem_bytes=1)
     return coop_config_for(problem[5], persistent=True, cluster=cluster,
-                           p_in_registers=design in RS_DESIGNS)
+                           p_in_registers=design in RS_DESIGNS,
+                           kv_descending=design in DESCENDING_DESIGNS)
 
 
 TRANSPOSE_KEYS = 64  # keys a program of ``transpose_v`` moves (all Dv of them)

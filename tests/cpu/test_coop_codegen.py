@@ -385,18 +385,21 @@ def test_cluster_pair_keeps_the_overlap_and_the_registers(tmp_path):
 
 
 @needs_nvcc
-@pytest.mark.parametrize("head_dim,causal", [(64, True), (128, False), (256, True)])
-def test_the_descending_walk_lowers_at_every_head_dim(tmp_path, head_dim, causal):
-    """``coop-overlap-desc`` (``coop.Config.kv_descending``, FA3's order, fp16 / bf16): the
-    producer loads key block n − 1 − kb into iteration kb's stage; only a causal kernel's first
-    block checks for a wholly masked row (-inf max); both consumers keep their {24, 240}
-    budgets and spill nothing."""
+@pytest.mark.parametrize("kernel,head_dim,causal", [
+    ("coop-overlap-desc", 64, True), ("coop-overlap-desc", 128, False),
+    ("coop-overlap-desc", 256, True), ("coop-overlap-persistent-desc", 128, True),
+    ("coop-overlap-persistent-desc", 64, False)])
+def test_the_descending_walk_lowers_at_every_head_dim(tmp_path, kernel, head_dim, causal):
+    """``coop-overlap-desc`` and ``coop-overlap-persistent-desc`` (``coop.Config.kv_descending``,
+    FA3's order, fp16 / bf16): the producer loads key block n − 1 − kb into iteration kb's
+    stage; only a causal kernel's first block checks for a wholly masked row (-inf max); both
+    consumers keep their {24, 240} budgets and spill nothing."""
     shape = shapes.Shape("codegen", 1, 8, 2, 1000, head_dim, head_dim, causal, "bfloat16")
-    emitted = emit.lower("coop-overlap-desc", shape)
+    emitted = emit.lower(kernel, shape)
     summary = emit.inspect(emitted, tmp_path)
     assert summary.spill_bytes == 0 and summary.stack_frame == 0, summary.format()
     assert sorted(set(summary.setmaxnreg)) == ["DEALLOC 24", "TRY_ALLOC 240"]
     block_n = coop.CONFIGS[head_dim].block_n
-    k_rows = re.findall(r"tl::tma_load\(K_desc, [^;]*", emitted.source)
+    k_rows = re.findall(r"tl::tma_load(?:_multicast)?\(K_desc, [^;]*", emitted.source)
     assert k_rows and all(f"- (kb * {block_n})" in row for row in k_rows), k_rows
     assert ("float safe_max" in emitted.source) == causal

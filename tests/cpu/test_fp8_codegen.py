@@ -207,13 +207,13 @@ def test_the_descending_split_masks_exactly_the_blocks_that_need_it(seq_len, blo
 
 
 def test_kv_descending_refuses_the_kernels_that_walk_upward():
-    """The persistent walk, the transposing producer and the serial mainloop load or mask K/V
-    ascending: with ``kv_descending`` each refuses before lowering."""
+    """The one-Q-slot persistent producer, the transposing producer and the serial mainloop
+    load or mask K/V ascending: with ``kv_descending`` each refuses before lowering."""
     args = (1, 4096, 8, 2, 128, 128, True, coop.FP8_DTYPE, 0.088)
     for cfg in (fp8.coop_config_for(True, persistent=True, p_in_registers=True),
                 fp8.coop_config_for(True, p_in_registers=True, transpose_v=True)):
-        cfg = dataclasses.replace(cfg, kv_descending=True)
-        with pytest.raises(ValueError, match="kv_descending runs on the non-persistent grid"):
+        cfg = dataclasses.replace(cfg, kv_descending=True, q_slots=1 if cfg.persistent else 2)
+        with pytest.raises(ValueError, match="kv_descending runs without transpose_v"):
             coop.coop_fwd(*args, cfg, fp8.coop_mainloop(cfg))
     with pytest.raises(ValueError, match="kv_descending is the IntraWGOverlap mainloop's"):
         coop.coop_fwd(1, 4096, 8, 2, 128, 128, True, "bfloat16", 0.088,
@@ -294,11 +294,13 @@ def test_the_registry_binds_each_fp8_design():
         "design": "coop-overlap-rs-persistent"}
     assert registry.get("fp8-coop-rs-desc").fp8_attention.keywords == {
         "design": "coop-overlap-rs-desc"}
+    assert registry.get("fp8-coop-rs-persistent-desc").fp8_attention.keywords == {
+        "design": "coop-overlap-rs-persistent-desc"}
     assert registry.get("fp8").fp8_attention.keywords == {}
     # ws_lab.emit shows each design through the passes it compiles under
     assert registry.get("fp8").postproc_passes == ()
     for name in ("fp8-coop", "fp8-coop-persistent", "fp8-coop-rs", "fp8-coop-rs-vt",
-                 "fp8-coop-rs-persistent", "fp8-coop-rs-desc"):
+                 "fp8-coop-rs-persistent", "fp8-coop-rs-desc", "fp8-coop-rs-persistent-desc"):
         assert registry.get(name).postproc_passes == (drop_anchor_fences,), name
     with pytest.raises(TypeError, match="fp8 is a fp8 kernel, not a fwd one"):
         registry.get("fp8").attention

@@ -7,7 +7,7 @@ the persistent overlap kernel (D 64/128) 18 more, and its K/V-multicast CTA pair
 even GQA groups) 17 more, then the overlap mainloop with FA4's conditional rescale
 (``lazy_rescale``), plain and persistent, at D 128 with wide scores among them, 20 more, and
 the widest case without it, then FA3's downward K/V walk (``kv_descending``, D 64/128/256) 24
-more (tolerances: ws_lab.testing.TOLERANCE). Then, per variant: 20 runs on
+more and persistent (D 64/128) 18 more (tolerances: ws_lab.testing.TOLERANCE). Then, per variant: 20 runs on
 the same inputs give bitwise-identical output, and compute-sanitizer's racecheck and memcheck
 find nothing.
 """
@@ -57,6 +57,15 @@ CASES += [dict(WIDE, mainloop="overlap")]  # the same wide scores without the th
 # FA3's downward K/V walk (coop.Config.kv_descending): the diagonal block first, Check_inf on it
 CASES += [dict(c, mainloop="overlap", kv_descending=True)
           for c in grid(HEAD_DIMS, groups=[1, 4, 8], ragged=[1000, 4097, 333], pingpong=True)]
+# ... and persistent (D 64/128): tiles of one CTA chained across the walk, the CTA pair forced
+# on a small call and chosen by cluster_for on the 8k one
+CASES += [dict(c, mainloop="overlap", persistent=True, kv_descending=True) for c in (
+    grid(coop.PERSISTENT_HEAD_DIMS, groups=[1, 4, 8], ragged=[1000, 4097, 333], pingpong=True) + [
+        dict(batch=2, seq_len=8192, heads=32, kv_heads=8, head_dim=128, head_dim_v=128,
+             causal=True, dtype="bfloat16", scale=None, pingpong=True)])]
+CASES += [dict(batch=3, seq_len=777, heads=8, kv_heads=2, head_dim=128, head_dim_v=128,
+               causal=True, dtype="float16", scale=None, pingpong=True, mainloop="overlap",
+               persistent=True, cluster=2, kv_descending=True)]
 
 
 def _id(c):
@@ -97,7 +106,9 @@ ENTRIES = {"serial": coop.attention, "overlap": coop_overlap.attention,
            "cluster": functools.partial(coop_overlap.attention, persistent=True, cluster=2),
            "lazy": functools.partial(coop_overlap.attention, persistent=True,
                                      lazy_rescale=True),
-           "descending": functools.partial(coop_overlap.attention, kv_descending=True)}
+           "descending": functools.partial(coop_overlap.attention, kv_descending=True),
+           "persistent-descending": functools.partial(coop_overlap.attention, persistent=True,
+                                                      kv_descending=True)}
 
 
 @pytest.mark.parametrize("entry", list(ENTRIES.values()), ids=list(ENTRIES))
@@ -123,8 +134,10 @@ assert r.ok, r
                                    "functools.partial(coop_overlap.attention, persistent=True)",
                                    "functools.partial(coop_overlap.attention, persistent=True, "
                                    "cluster=2)",
-                                   "functools.partial(coop_overlap.attention, kv_descending=True)"],
-                         ids=list(ENTRIES)[:4] + ["descending"])
+                                   "functools.partial(coop_overlap.attention, kv_descending=True)",
+                                   "functools.partial(coop_overlap.attention, persistent=True, "
+                                   "kv_descending=True)"],
+                         ids=list(ENTRIES)[:4] + ["descending", "persistent-descending"])
 @pytest.mark.parametrize("tool", ["racecheck", "memcheck"])
 def test_coop_sanitizer_clean(tool, entry):
     assert_sanitizer_clean(tool, SANITIZED.format(entry=entry))

@@ -109,6 +109,15 @@ def test_fp8_rs_descending_forward_matches_the_oracle_on_dequantised_inputs(head
     assert oracle.rel_l2(got, ref) < BOUND
 
 
+@pytest.mark.parametrize("head_dim,causal,group,seq_len", CASES)
+def test_fp8_rs_persistent_descending_forward_matches_the_oracle_on_dequantised_inputs(
+        head_dim, causal, group, seq_len):
+    """The persistent RS design walking K/V downward: the same grid."""
+    got, (ref, _) = random_case(head_dim, causal, group, seq_len,
+                                design="coop-overlap-rs-persistent-desc")
+    assert oracle.rel_l2(got, ref) < BOUND
+
+
 @pytest.mark.parametrize("block_n,head_dim_v", [(224, 128), (224, 64)])
 def test_the_in_kernel_transpose_moves_every_byte_of_a_block(block_n, head_dim_v):
     """``v_transpose.block_mover`` alone (``transpose_block_kernel``): one random byte block
@@ -202,6 +211,9 @@ for d, causal, s, group in ((64, True, 127, 4), (128, False, 200, 1)):
                             cluster=2 if group % 2 == 0 else 1)
     assert torch.isfinite(out).all()
     out = fp8.attention_fp8(q, k, v, causal, design="coop-overlap-rs-desc")
+    assert torch.isfinite(out).all()
+    out = fp8.attention_fp8(q, k, v, causal, design="coop-overlap-rs-persistent-desc",
+                            cluster=2 if group % 2 == 0 else 1)
     assert torch.isfinite(out).all()
 """
 
