@@ -514,24 +514,26 @@ def attention_bwd(q, k, v, out, dout, lse, causal=False, softmax_scale=None, *, 
     if backend == "ws":
         return _run_ws(q, k, v, out, dout, lse, (dq, dk, dv), problem, delta_scaled, lse_log2,
                        config or ws.DEFAULT)
-    kv_rows = (batch, dims.seq_len, dims.kv_heads, dims.head_dim, dims.tl_dtype)
-    # split heads add dK and dV into fp32 accumulators (one memset clears both)
-    kv_accum = (torch.zeros((2, *prepost.dq_accum_shape(dims.batch, dims.seq_len, dims.kv_heads,
-                                                         dims.head_dim)),
-                            dtype=torch.float32, device=q.device)
-                if config.head_splits > 1 else None)
-    dk_out, dv_out = (dk, dv) if kv_accum is None else kv_accum.unbind(0)
     planes = config.dq_planes
     dq_accum = torch.empty(prepost.dq_accum_shape(dims.batch, dims.seq_len, dims.heads,
                                                   dims.head_dim, planes),
                            dtype=torch.float32, device=q.device)
-    prepost.compiled_preprocess(*pre_rows, planes=planes)(out, dout, lse, delta_scaled,
-                                                          lse_log2, dq_accum)
-    compiled(*problem, config)(q, k, v, dout, lse_log2, delta_scaled, dq_accum, dk_out, dv_out)
-    prepost.compiled_postprocess(*rows, planes)(dq_accum, dq)
-    if kv_accum is not None:
-        prepost.compiled_postprocess(*kv_rows, 1)(dk_out, dk)
-        prepost.compiled_postprocess(*kv_rows, 1)(dv_out, dv)
+    if config.head_splits == 1:
+        prepost.compiled_preprocess(*pre_rows, planes=planes)(out, dout, lse, delta_scaled,
+                                                              lse_log2, dq_accum)
+        compiled(*problem, config)(q, k, v, dout, lse_log2, delta_scaled, dq_accum, dk, dv)
+        prepost.compiled_postprocess(*rows, planes)(dq_accum, dq)
+        return dq, dk, dv
+    # split heads add dK and dV into fp32 accumulators, cleared and cast beside dQ's in the
+    # same two launches (notes/bwd.md "Session 61")
+    kv_accum = torch.empty(prepost.kv_accum_shape(dims.batch, dims.seq_len, dims.kv_heads,
+                                                  dims.head_dim),
+                           dtype=torch.float32, device=q.device)
+    prepost.compiled_preprocess(*pre_rows, planes=planes, clear_kv_heads=dims.kv_heads)(
+        out, dout, lse, delta_scaled, lse_log2, dq_accum, kv_accum)
+    compiled(*problem, config)(q, k, v, dout, lse_log2, delta_scaled, dq_accum, *kv_accum)
+    prepost.compiled_postprocess(*rows, planes, kv_heads=dims.kv_heads)(dq_accum, dq, kv_accum,
+                                                                        dk, dv)
     return dq, dk, dv
 
 

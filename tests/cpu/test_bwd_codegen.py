@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from ws_lab import emit, shapes
+from ws_lab.kernels import DYNAMIC_BATCH
 from ws_lab.kernels.bwd import pipelined, prepost, tile_scheduler
 from ws_lab.kernels.fwd.barriers import NamedBarrier
 
@@ -92,6 +93,30 @@ def test_pre_and_postprocess_compile_and_bound_a_ragged_sequence(tmp_path, plane
         summary = emit.inspect(emitted, tmp_path / name)
         assert summary.spill_bytes == 0 and summary.stack_frame == 0, summary.format()
     assert "UTMASTG" in emit.inspect(post, tmp_path / "post2").format()
+
+
+@needs_nvcc
+def test_split_heads_clear_and_cast_dk_dv_beside_dq(tmp_path):
+    """Split heads (the Qwen row: 14 / 2 heads, D 64, S 456, a dynamic batch): the preprocess
+    also zeroes dK's and dV's fp32 accumulators in the CTAs of the first 2 heads, and the
+    postprocess casts them in the same launch, 14 + 2 · 2 heads of grid, each by TMA store:
+    two launches for what were five (notes/bwd.md "Session 61"). Both compile without spills."""
+    shape = shapes.Shape("bwd-prepost", 1, 14, 2, 456, 64, 64, True, "bfloat16")
+    pre, post = (emit.lower_variant("bwd-pipelined", shape, f, None) for f in (
+        prepost.preprocess(DYNAMIC_BATCH, 456, 14, 64, "bfloat16", 0.125, clear_kv_heads=2),
+        prepost.postprocess(DYNAMIC_BATCH, 456, 14, 64, "bfloat16", kv_heads=2)))
+    clear = pre.source[pre.source.index("if (((int)blockIdx.y) < 2)"):]
+    assert clear.count("*(float4*)(KVaccum + ") == 1 and "for (int grad = 0; grad < 2;" in clear
+    assert [post.source.count(f"tl::tma_store({t}_desc") for t in ("dQ", "dK", "dV")] == [1, 1, 1]
+    assert "if (((int)blockIdx.y) < 14)" in post.source
+    assert prepost.kv_accum_shape(8, 456, 2, 64) == (2, 8, 2, 1, 512, 64 + prepost.DQ_PAD)
+    for name, emitted in (("pre", pre), ("post", post)):
+        summary = emit.inspect(emitted, tmp_path / name)
+        assert summary.spill_bytes == 0 and summary.stack_frame == 0, summary.format()
+    with pytest.raises(ValueError, match="clear_kv_heads clears beside clear_dq"):
+        prepost.preprocess(8, 456, 14, 64, "bfloat16", 0.125, clear_dq=False, clear_kv_heads=2)
+    with pytest.raises(ValueError, match="kv_heads casts beside a single padded"):
+        prepost.postprocess(8, 456, 14, 64, "bfloat16", 1, paired=True, kv_heads=2)
 
 
 def test_backward_refuses_bad_side_inputs():
