@@ -11,6 +11,8 @@ import itertools
 import math
 import random
 import statistics
+import time
+import warnings
 from typing import Callable
 
 ROTATE_L2_MULTIPLE = 4  # rotating input sets hold this many times the L2 together
@@ -101,12 +103,14 @@ def time_calls(calls: dict[str, Callable], rounds: int, cycles: int = CYCLES_PER
     events around it; a round's figure (ms) is the median of its ``cycles`` calls. Every
     implementation meets the same clock: one implementation's back-to-back do_bench windows
     read 703, 752 and 730 µs on a power-bound backward (notes/bwd.md, "Session 60"). Returns
-    what ``time_rounds`` does."""
+    what ``time_rounds`` does, and warns of an implementation whose calls take the host longer
+    to issue than the device to run (``warn_host_bound``)."""
     import torch
 
     flush = l2_flush_buffer()
     rng = random.Random(seed)
     times, failed = {name: [] for name in calls}, {}
+    host_ms = {name: [] for name in calls}
     for _ in range(rounds):
         events = {name: [] for name in calls if name not in failed}
         for _ in range(cycles):
@@ -116,14 +120,32 @@ def time_calls(calls: dict[str, Callable], rounds: int, cycles: int = CYCLES_PER
                 if name in failed:
                     continue
                 try:
-                    events[name].append(_timed_call(calls[name], flush))
+                    *pair, host = _timed_call(calls[name], flush)
                 except Exception as exc:  # e.g. out of memory beside the others' inputs
                     failed[name] = exc
+                    continue
+                events[name].append(pair)
+                host_ms[name].append(host)
         torch.cuda.synchronize()
         for name, pairs in events.items():
             if name not in failed:
                 times[name].append(statistics.median(a.elapsed_time(b) for a, b in pairs))
-    return {n: t for n, t in times.items() if n not in failed}, failed
+    times = {n: t for n, t in times.items() if n not in failed}
+    warn_host_bound(times, host_ms)
+    return times, failed
+
+
+def warn_host_bound(times: dict[str, list[float]], host_ms: dict[str, list[float]]):
+    """A call whose host side (Python, launches) outlasts its device time may leave the device
+    idle between its events (the flush before it is the host's only head start): its figure
+    may be the host's. Seen on the 85 µs Qwen backward (notes/bwd.md, "Session 61"); do_bench's
+    windows share the flaw."""
+    for name, rounds in times.items():
+        device, host = statistics.median(rounds), statistics.median(host_ms[name])
+        if host >= device:
+            warnings.warn(f"time_calls: {name} takes the host {host:.3f} ms a call to issue, "
+                          f"the device {device:.3f} ms to run: its figure may be the host's",
+                          RuntimeWarning, stacklevel=3)
 
 
 def l2_flush_buffer():
@@ -134,15 +156,18 @@ def l2_flush_buffer():
 
 
 def _timed_call(call: Callable, flush):
-    """One call of ``time_calls`` after the L2 flush: its (start, end) device events."""
+    """One call of ``time_calls`` after the L2 flush: its (start, end) device events and the
+    host's ms to issue it."""
     import torch
 
     flush.zero_()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
+    issued = time.perf_counter()
     call()
+    host = (time.perf_counter() - issued) * 1e3
     end.record()
-    return start, end
+    return start, end, host
 
 
 def failure_note(exc: Exception) -> str:

@@ -241,6 +241,25 @@ def test_time_calls_times_a_call_that_raises_no_more(event_clock):
     assert str(failed["a"]) == "CUDA out of memory"
 
 
+def test_time_calls_warns_of_calls_the_host_takes_longer_to_issue_than_the_device_to_run(
+        event_clock):
+    """'a' runs 1 ms on the (fake) device but takes the host 5 ms to issue: warned; 'b' (2 ms
+    on the device, issued at once) is not."""
+    import time
+
+    log, call = event_clock
+    fast_a = call("a")
+
+    def slow_a():
+        time.sleep(0.005)
+        fast_a()
+
+    with pytest.warns(RuntimeWarning, match=r"time_calls: a takes the host [\d.]+ ms a call") as seen:
+        times, failed = timing.time_calls({"a": slow_a, "b": call("b")}, rounds=1, cycles=3)
+    assert not failed and len(times["a"]) == 1
+    assert [str(w.message).split()[1] for w in seen] == ["a"]
+
+
 def test_the_bench_takes_the_call_by_call_timer():
     args = bench.parse_args(["--timer", "calls"], ["llama8b-4k"])
     assert bench.TIMERS[args.timer] is timing.time_calls
