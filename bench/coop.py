@@ -16,7 +16,8 @@ from ws_lab import bench, bench_fp8
 
 if __name__ == "__main__":
     bench.main(["coop-overlap-persistent", "coop-overlap-persistent-desc", "coop-overlap",
-                "coop-overlap-desc", "coop-overlap-nopp", "coop", "coop-nopp"], ["llama8b-4k"], sys.argv[1:],
+                "coop-overlap-desc", "coop-overlap-nopp", "coop", "coop-nopp"], ["llama8b-4k"],
+               sys.argv[1:],
                by_dtype={"fp8": (["fp8", "fp8-coop", "fp8-coop-persistent", "fp8-coop-rs",
                                   "fp8-coop-rs-vt", "fp8-coop-rs-persistent", "fp8-coop-rs-desc",
                                   "fp8-coop-rs-persistent-desc"],

@@ -213,7 +213,8 @@ def test_coop_bench_in_fp8_writes_the_fp8_kernels_static_report(tmp_path):
     records, _ = _static_json(tmp_path, "bench/coop.py", "--dtype", "fp8")
     assert [r["kernel"] for r in records] == ["fp8", "fp8-coop", "fp8-coop-persistent", "fp8-coop-rs",
                                               "fp8-coop-rs-vt", "fp8-coop-rs-persistent",
-                                              "fp8-coop-rs-desc", "fp8-coop-rs-persistent-desc"]
+                                              "fp8-coop-rs-desc",
+                                              "fp8-coop-rs-persistent-desc"]
     for record in records:
         assert "(causal, float8_e4m3fn)" in record["report"]
         assert "HGMMA: 64x128x32.F32.E4M3.E4M3" in record["report"]

@@ -7,9 +7,9 @@ the persistent overlap kernel (D 64/128) 18 more, and its K/V-multicast CTA pair
 even GQA groups) 17 more, then the overlap mainloop with FA4's conditional rescale
 (``lazy_rescale``), plain and persistent, at D 128 with wide scores among them, 20 more, and
 the widest case without it, then FA3's downward K/V walk (``kv_descending``, D 64/128/256) 24
-more and persistent (D 64/128) 18 more (tolerances: ws_lab.testing.TOLERANCE). Then, per variant: 20 runs on
-the same inputs give bitwise-identical output, and compute-sanitizer's racecheck and memcheck
-find nothing.
+more and persistent (D 64/128) 18 more (tolerances: ws_lab.testing.TOLERANCE). Then, per
+variant: 20 runs on the same inputs give bitwise-identical output, and compute-sanitizer's
+racecheck and memcheck find nothing.
 """
 import functools
 
