@@ -105,7 +105,7 @@ _register("largehdv", "ws_lab.kernels.fwd.largehdv")
 _register("triton-mha", "ws_lab.kernels.fwd.triton_mha")
 _register("bwd-pipelined", "ws_lab.kernels.bwd.pipelined", kind="bwd", backend="pipelined")
 _register("bwd-ws", "ws_lab.kernels.bwd.pipelined", kind="bwd", backend="ws")
-_register("fp8", "ws_lab.kernels.fwd.fp8", kind="fp8")
+_register("fp8", "ws_lab.kernels.fwd.fp8", kind="fp8", design="pipelined")
 _register("fp8-coop", "ws_lab.kernels.fwd.fp8", kind="fp8", design="coop-overlap")
 _register("fp8-coop-persistent", "ws_lab.kernels.fwd.fp8", kind="fp8",
           design="coop-overlap-persistent")

@@ -20,6 +20,11 @@ ROUND_WARMUP_MS, ROUND_REP_MS = 50, 250  # do_bench_ms: per implementation and r
 ROUND_ORDER_SEED = 0
 CYCLES_PER_ROUND = 10  # time_calls: calls of each implementation a round
 L2_FLUSH_BYTES = 256 << 20  # what do_bench zeroes before each call, more than any L2
+# time_calls: before each call's start event the device spins HOLD_MARGIN × the slowest call's
+# host issue time (within [MIN_HOLD_MS, MAX_HOLD_MS]), so the whole call is queued when its
+# timing starts
+HOLD_MARGIN, MIN_HOLD_MS, MAX_HOLD_MS = 2.0, 0.05, 20.0
+SPIN_CYCLES_PER_MS = 2_000_000  # ≥ any Hopper SM clock (1980 MHz): the spin lasts ≥ its ms
 
 
 def rotation_count(set_bytes: int, device, cap: int) -> int:
@@ -102,12 +107,15 @@ def time_calls(calls: dict[str, Callable], rounds: int, cycles: int = CYCLES_PER
     implementation once in a fresh seeded shuffle, the L2 flushed before each call and device
     events around it; a round's figure (ms) is the median of its ``cycles`` calls. Every
     implementation meets the same clock: one implementation's back-to-back do_bench windows
-    read 703, 752 and 730 µs on a power-bound backward (notes/bwd.md, "Session 60"). Returns
-    what ``time_rounds`` does, and warns of an implementation whose calls take the host longer
-    to issue than the device to run (``warn_host_bound``)."""
+    read 703, 752 and 730 µs on a power-bound backward (notes/bwd.md, "Session 60"). Before
+    each start event the device spins ``issue_hold_ms`` so that a call the host issues slower
+    than the device runs it is timed whole, not the host (notes/bwd.md, "Session 62"). Returns
+    what ``time_rounds`` does, and warns of an implementation whose calls took the host longer
+    to issue than the hold (``warn_host_bound``)."""
     import torch
 
     flush = l2_flush_buffer()
+    hold_ms = issue_hold_ms(calls, flush)
     rng = random.Random(seed)
     times, failed = {name: [] for name in calls}, {}
     host_ms = {name: [] for name in calls}
@@ -120,7 +128,7 @@ def time_calls(calls: dict[str, Callable], rounds: int, cycles: int = CYCLES_PER
                 if name in failed:
                     continue
                 try:
-                    *pair, host = _timed_call(calls[name], flush)
+                    *pair, host = _timed_call(calls[name], flush, hold_ms)
                 except Exception as exc:  # e.g. out of memory beside the others' inputs
                     failed[name] = exc
                     continue
@@ -131,21 +139,41 @@ def time_calls(calls: dict[str, Callable], rounds: int, cycles: int = CYCLES_PER
             if name not in failed:
                 times[name].append(statistics.median(a.elapsed_time(b) for a, b in pairs))
     times = {n: t for n, t in times.items() if n not in failed}
-    warn_host_bound(times, host_ms)
+    warn_host_bound(times, host_ms, hold_ms)
     return times, failed
 
 
-def warn_host_bound(times: dict[str, list[float]], host_ms: dict[str, list[float]]):
-    """A call whose host side (Python, launches) outlasts its device time may leave the device
-    idle between its events (the flush before it is the host's only head start): its figure
-    may be the host's. Seen on the 85 µs Qwen backward (notes/bwd.md, "Session 61"); do_bench's
-    windows share the flaw."""
-    for name, rounds in times.items():
-        device, host = statistics.median(rounds), statistics.median(host_ms[name])
-        if host >= device:
+def issue_hold_ms(calls: dict[str, Callable], flush) -> float:
+    """``time_calls``' spin before each start event: HOLD_MARGIN × the longest host issue time
+    of any call (the second of two untimed calls each; the first may compile), within
+    [MIN_HOLD_MS, MAX_HOLD_MS]. One hold for all, so every implementation meets the same idle pattern."""
+    import torch
+
+    longest = 0.0
+    for call in calls.values():
+        for _ in range(2):
+            try:
+                *_, host = _timed_call(call, flush, 0.0)
+            except Exception:  # time_calls' own loop records the failure
+                break
+        else:
+            longest = max(longest, host)
+    torch.cuda.synchronize()
+    return min(MAX_HOLD_MS, max(MIN_HOLD_MS, HOLD_MARGIN * longest))
+
+
+def warn_host_bound(times: dict[str, list[float]], host_ms: dict[str, list[float]],
+                    hold_ms: float):
+    """A call whose host side (Python, launches) outlasts the hold before its start event may
+    leave the device idle between its events: its figure may be the host's (the 85 µs Qwen
+    backward took 0.25–0.33 ms to issue; notes/bwd.md, "Session 61"). do_bench's windows have
+    no hold."""
+    for name in times:
+        host = statistics.median(host_ms[name])
+        if host >= hold_ms:
             warnings.warn(f"time_calls: {name} takes the host {host:.3f} ms a call to issue, "
-                          f"the device {device:.3f} ms to run: its figure may be the host's",
-                          RuntimeWarning, stacklevel=3)
+                          f"more than the {hold_ms:.3f} ms hold before its timing: its figure "
+                          "may be the host's", RuntimeWarning, stacklevel=3)
 
 
 def l2_flush_buffer():
@@ -155,12 +183,14 @@ def l2_flush_buffer():
     return torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
 
 
-def _timed_call(call: Callable, flush):
-    """One call of ``time_calls`` after the L2 flush: its (start, end) device events and the
-    host's ms to issue it."""
+def _timed_call(call: Callable, flush, hold_ms: float):
+    """One call of ``time_calls`` after the L2 flush and a device spin of ``hold_ms``: its
+    (start, end) device events and the host's ms to issue it."""
     import torch
 
     flush.zero_()
+    if hold_ms:
+        torch.cuda._sleep(int(hold_ms * SPIN_CYCLES_PER_MS))
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     issued = time.perf_counter()

@@ -70,7 +70,7 @@ import triton.language as tl
 
 from ws_lab.check import Support, head_dims_supported, require_device, validate_attention_inputs
 from ws_lab.kernels import LOG2E
-from ws_lab.kernels.fwd import coop, coop_overlap
+from ws_lab.kernels.fwd import coop, coop_overlap, heuristics
 from ws_lab.kernels.fwd.barriers import NamedBarrier
 from ws_lab.kernels.fwd.pipelined import Config  # its tile fields and launch order
 from ws_lab.kernels.fwd.softmax import (FP8_PROB_LOG2_OFFSET, alloc_softmax_state, normalize_o,
@@ -323,12 +323,13 @@ def transpose_v(v: torch.Tensor, block_n: int, operand_order: bool = False) -> t
 
 
 def attention_fp8(q, k, v, causal=False, softmax_scale=None, *, q_descale=None, k_descale=None,
-                  v_descale=None, out=None, return_lse=False, design: str = "pipelined",
+                  v_descale=None, out=None, return_lse=False, design: str = "auto",
                   cluster: int | None = None):
     """BSHD GQA forward on e4m3 inputs: q (B, S, Hq, D), k / v (B, S, Hkv, D) float8_e4m3fn,
     descales (B, Hkv) fp32 as FA3's interface takes them (None: 1), the true q is q · q_descale
     of its KV head's group. Returns bf16 out (B, S, Hq, D) (``out``: written in place), and with
-    ``return_lse`` the fp32 lse (B, Hq, S) of the descaled, scaled scores. ``design``:
+    ``return_lse`` the fp32 lse (B, Hq, S) of the descaled, scaled scores. ``design``: "auto"
+    (the default: the fastest measured design for the call, ``heuristics.fp8_design``),
     "pipelined" (this file's kernel), "coop-overlap" (kernels/fwd/coop.py's explicit roles
     with coop_overlap's IntraWGOverlap mainloop, e4m3; no lse yet) or
     "coop-overlap-persistent" (the same on the persistent walk; ``cluster``: 2 forces CTA
@@ -337,10 +338,10 @@ def attention_fp8(q, k, v, causal=False, softmax_scale=None, *, q_descale=None, 
     (the fourth reading V as stored: its producer warpgroup transposes it) or
     "coop-overlap-rs-persistent" (the fourth on the persistent walk, O through its own tile;
     ``cluster`` as the third's) or "coop-overlap-rs-desc" (the fourth walking K/V downward,
-    FA3's order)."""
-    if design not in DESIGNS:
-        raise ValueError(f"design must be one of {DESIGNS}, got {design!r}")
-    if return_lse and design != "pipelined":
+    FA3's order) or "coop-overlap-rs-persistent-desc" (the sixth walking downward)."""
+    if design != "auto" and design not in DESIGNS:
+        raise ValueError(f"design must be 'auto' or one of {DESIGNS}, got {design!r}")
+    if return_lse and design not in ("auto", "pipelined"):
         raise ValueError(f"return_lse needs design='pipelined' (the {design} kernel has no lse "
                          "output yet)")
     if cluster not in (None, 1, 2) or (cluster is not None and design not in PERSISTENT_DESIGNS):
@@ -364,6 +365,9 @@ def attention_fp8(q, k, v, causal=False, softmax_scale=None, *, q_descale=None, 
         raise ValueError(f"out must be a contiguous {OUT_DTYPE} tensor of q's shape "
                          f"{tuple(q.shape)} on {q.device}")
     require_device(q.device, "cuda")
+    if design == "auto":
+        design = heuristics.fp8_design(dims.batch, dims.seq_len, dims.kv_heads, dims.head_dim,
+                                       return_lse, persistent_device_args(q.device)[1])
     problem = (dims.batch, dims.seq_len, dims.heads, dims.kv_heads, dims.head_dim, bool(causal),
                dims.softmax_scale)
     if design == "pipelined":

@@ -177,9 +177,9 @@ def test_the_fp8_table_has_the_fp8_peers_and_the_bf16_columns():
 
 @pytest.fixture
 def event_clock(monkeypatch):
-    """torch.cuda's events and the L2 flush replaced by a clock: a call of name n advances it
-    by base[n] · (1 + 0.01 k) ms, k the call's index in the run (a drifting clock); records
-    the calls and the flushes in order."""
+    """torch.cuda's events, spin and the L2 flush replaced by a clock: a call of name n advances
+    it by base[n] · (1 + 0.01 k) ms, k the call's index in the run (a drifting clock); records
+    the calls, the flushes and the spins ("hold", cycles) in order."""
     import torch
 
     log, clock = [], [0.0]
@@ -200,13 +200,14 @@ def event_clock(monkeypatch):
 
     def call(name):
         def run():
-            k = sum(1 for x in log if x != "flush")
+            k = sum(1 for x in log if x in ("a", "b", "c"))
             log.append(name)
             clock[0] += {"a": 1.0, "b": 2.0, "c": 4.0}[name] * (1 + 0.01 * k)
         return run
 
     monkeypatch.setattr(torch.cuda, "Event", Event)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: log.append(("hold", cycles)))
     monkeypatch.setattr(timing, "l2_flush_buffer", Flush)
     return log, call
 
@@ -215,13 +216,18 @@ def test_time_calls_interleaves_call_by_call_and_takes_each_rounds_median(event_
     log, call = event_clock
     times, failed = timing.time_calls({n: call(n) for n in "abc"}, rounds=2, cycles=5)
     assert not failed
-    calls = [x for x in log if x != "flush"]
-    assert log == [x for name in calls for x in ("flush", name)]  # a flush before every call
+    probe, timed = log[:12], log[12:]  # issue_hold_ms' two untimed calls each, unheld
+    assert probe == [x for name in "aabbcc" for x in ("flush", name)]
+    calls = [x for x in timed if x in ("a", "b", "c")]
+    hold = timed[1]
+    assert hold[0] == "hold" and hold[1] > 0
+    # a flush and the one spin before every timed call
+    assert timed == [x for name in calls for x in ("flush", hold, name)]
     cycles = [calls[i:i + 3] for i in range(0, len(calls), 3)]
     assert len(cycles) == 10 and all(sorted(c) == list("abc") for c in cycles)
     assert len({tuple(c) for c in cycles}) > 1  # a fresh order each cycle
     for name, base in {"a": 1.0, "b": 2.0, "c": 4.0}.items():
-        slots = [k for k, n in enumerate(calls) if n == name]
+        slots = [6 + k for k, n in enumerate(calls) if n == name]
         per_call = [base * (1 + 0.01 * k) for k in slots]
         assert times[name] == pytest.approx([per_call[2], per_call[7]])  # each round's median
 
@@ -236,15 +242,37 @@ def test_time_calls_times_a_call_that_raises_no_more(event_clock):
         ok()
 
     times, failed = timing.time_calls({"a": flaky, "b": call("b")}, rounds=2, cycles=4)
-    assert log.count("a") == 3 and log.count("b") == 8
+    assert log.count("a") == 3 and log.count("b") == 2 + 8  # b's 2 untimed
     assert list(times) == ["b"] and len(times["b"]) == 2
     assert str(failed["a"]) == "CUDA out of memory"
 
 
-def test_time_calls_warns_of_calls_the_host_takes_longer_to_issue_than_the_device_to_run(
-        event_clock):
-    """'a' runs 1 ms on the (fake) device but takes the host 5 ms to issue: warned; 'b' (2 ms
-    on the device, issued at once) is not."""
+def test_time_calls_holds_the_device_twice_the_slowest_issue_time(event_clock):
+    """'a' takes the host 5 ms to issue: the spin before every timed call lasts at least 10 ms
+    at 2 GHz (SPIN_CYCLES_PER_MS), for 'b' too, and nothing is warned."""
+    import time
+    import warnings
+
+    log, call = event_clock
+    fast_a = call("a")
+
+    def slow_a():
+        time.sleep(0.005)
+        fast_a()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        times, failed = timing.time_calls({"a": slow_a, "b": call("b")}, rounds=1, cycles=3)
+    assert not failed and len(times["a"]) == 1
+    holds = {x for x in log if isinstance(x, tuple)}
+    assert len(holds) == 1 and log.count(next(iter(holds))) == 6
+    assert 10 * timing.SPIN_CYCLES_PER_MS <= next(iter(holds))[1] <= 20 * timing.SPIN_CYCLES_PER_MS
+
+
+def test_time_calls_warns_of_calls_the_host_takes_longer_to_issue_than_the_hold(
+        event_clock, monkeypatch):
+    """With the hold capped at 1 ms, 'a' (1 ms on the fake device, 5 ms to issue) is warned
+    of; 'b' (issued at once) is not."""
     import time
 
     log, call = event_clock
@@ -254,6 +282,7 @@ def test_time_calls_warns_of_calls_the_host_takes_longer_to_issue_than_the_devic
         time.sleep(0.005)
         fast_a()
 
+    monkeypatch.setattr(timing, "MAX_HOLD_MS", 1.0)
     with pytest.warns(RuntimeWarning, match=r"time_calls: a takes the host [\d.]+ ms a call") as seen:
         times, failed = timing.time_calls({"a": slow_a, "b": call("b")}, rounds=1, cycles=3)
     assert not failed and len(times["a"]) == 1

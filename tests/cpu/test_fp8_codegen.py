@@ -15,9 +15,10 @@ import torch
 from tilelang import tvm
 
 from ws_lab import emit, oracle, registry, shapes
-from ws_lab.kernels.fwd import coop, coop_overlap, fp8, softmax
+from ws_lab.kernels.fwd import coop, coop_overlap, fp8, heuristics, softmax
 from ws_lab.kernels.fwd.barriers import EPILOGUES, NamedBarrier
 from ws_lab.postproc import drop_anchor_fences
+from ws_lab.target import H100_L2_BYTES
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 
@@ -268,7 +269,7 @@ def test_fp8_forward_refuses_bad_inputs_before_a_launch():
         fp8.attention_fp8(q[..., :32], kv[..., :32], kv[..., :32])
     with pytest.raises(ValueError, match="inputs must be CUDA tensors"):
         fp8.attention_fp8(q, kv, kv)
-    with pytest.raises(ValueError, match="design must be one of"):
+    with pytest.raises(ValueError, match="design must be 'auto' or one of"):
         fp8.attention_fp8(q, kv, kv, design="persistent-coop")
     with pytest.raises(ValueError, match="return_lse needs design='pipelined'"):
         fp8.attention_fp8(q, kv, kv, return_lse=True, design="coop-overlap")
@@ -296,7 +297,7 @@ def test_the_registry_binds_each_fp8_design():
         "design": "coop-overlap-rs-desc"}
     assert registry.get("fp8-coop-rs-persistent-desc").fp8_attention.keywords == {
         "design": "coop-overlap-rs-persistent-desc"}
-    assert registry.get("fp8").fp8_attention.keywords == {}
+    assert registry.get("fp8").fp8_attention.keywords == {"design": "pipelined"}
     # ws_lab.emit shows each design through the passes it compiles under
     assert registry.get("fp8").postproc_passes == ()
     for name in ("fp8-coop", "fp8-coop-persistent", "fp8-coop-rs", "fp8-coop-rs-vt",
@@ -304,6 +305,24 @@ def test_the_registry_binds_each_fp8_design():
         assert registry.get(name).postproc_passes == (drop_anchor_fences,), name
     with pytest.raises(TypeError, match="fp8 is a fp8 kernel, not a fwd one"):
         registry.get("fp8").attention
+
+
+@pytest.mark.parametrize("shape,design", [
+    ("train8b-8k", "coop-overlap-rs-desc"),  # 32 MB of e4m3 K / V: past half of L2
+    ("train8b-4k", "coop-overlap-rs-persistent-desc"),
+    ("llama8b-8k", "coop-overlap-rs-persistent-desc"),
+    ("llama8b-4k", "coop-overlap-rs-persistent-desc"),
+    ("d64-4k", "coop-overlap-rs-desc"),  # 32 KV heads: 32 MB
+])
+def test_the_default_design_follows_the_measured_rule(shape, design):
+    s = shapes.get(shape)
+    assert fp8.DESIGNS.count(design) == 1
+    args = (s.batch, s.seq_len, s.kv_heads, s.head_dim)
+    assert heuristics.fp8_design(*args, False, H100_L2_BYTES) == design
+    assert heuristics.fp8_design(*args, True, H100_L2_BYTES) == "pipelined"  # the lse's design
+    # the rule's line is the persistent walk's own: past it, CTA pairs or Q-tile groups
+    assert heuristics.fp8_design(*args, False, 2 * H100_L2_BYTES) == (
+        "coop-overlap-rs-persistent-desc")
 
 
 def test_the_hadamard_rotation_is_orthogonal_and_keeps_every_score():

@@ -228,3 +228,20 @@ def test_racecheck_finds_nothing_with_the_kernels_own_barriers():
     """TileLang's shared-memory syncs are off in this kernel (``fp8.PASS_CONFIGS``): P's and
     O's tiles are ordered by its own named barriers only, so racecheck must find no hazard."""
     assert_sanitizer_clean("racecheck", SANITIZED, kernels="main")
+
+
+@pytest.mark.parametrize("causal,seq_len", [(True, 1000), (False, 4096)])
+def test_the_default_design_is_the_rules_kernel(causal, seq_len):
+    """``design="auto"`` (the default) runs ``heuristics.fp8_design``'s design for the call:
+    bit for bit its output, and within the bound of the oracle."""
+    import torch
+
+    from ws_lab.kernels.fwd import heuristics, tile_scheduler
+
+    (got, (ref, _)) = random_case(128, causal, 4, seq_len)
+    q, k, v = (torch.randn(2, seq_len, h, 128, device="cuda").to(fp8.FP8) for h in (8, 2, 2))
+    l2 = tile_scheduler.persistent_device_args(q.device)[1]
+    design = heuristics.fp8_design(2, seq_len, 2, 128, False, l2)
+    assert torch.equal(fp8.attention_fp8(q, k, v, causal),
+                       fp8.attention_fp8(q, k, v, causal, design=design))
+    assert oracle.rel_l2(got, ref) < BOUND
