@@ -366,8 +366,9 @@ def parse_args(argv, default_shapes: list[str], extra: Callable | None = None,
                     help="rounds (default): each implementation timed once a round by do_bench; "
                          f"calls: each round {timing.CYCLES_PER_ROUND} cycles of one call of "
                          "each implementation, L2 flushed before each, the round's figure the "
-                         "median of its calls (for power-bound kernels, whose clock moves "
-                         "between do_bench windows)")
+                         "median of its calls, the device held before each call until the "
+                         "host has queued it (for power-bound kernels, whose clock moves "
+                         "between do_bench windows, and for calls shorter than their launch)")
     ap.add_argument("--json", type=Path,
                     help="write the rows as JSON here (without a GPU: the static report)")
     ap.add_argument("--plot", type=Path,
