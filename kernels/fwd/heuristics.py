@@ -11,8 +11,9 @@ def fp8_design(batch, seq_len, kv_heads, head_dim, return_lse: bool, l2_bytes: i
     - e4m3 K / V beyond half of L2 (the persistent walk pairs CTAs or groups Q tiles there):
       "coop-overlap-rs-desc", 1.007 × FA3 FP8 on train8b-8k against the persistent one's
       0.986 (notes/fp8.md, "Session 61");
-    - else "coop-overlap-rs-persistent-desc": 0.999 / 0.952 × FA3 FP8 on train8b-4k /
-      llama8b-8k against rs-desc's 0.984 / 0.935 (notes/fp8.md, "Session 61", "Session 62")."""
+    - else "coop-overlap-rs-persistent-desc": 0.994 / 0.952 / 0.938 × FA3 FP8 on train8b-4k /
+      llama8b-8k / llama8b-4k against rs-desc's 0.983 / 0.935 / 0.910 (notes/fp8.md,
+      "Session 61", "Session 62")."""
     if return_lse:
         return "pipelined"
     if kv_exceed_half_l2(batch, seq_len, kv_heads, head_dim, head_dim, l2_bytes, elem_bytes=1):
