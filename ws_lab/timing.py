@@ -146,7 +146,8 @@ def time_calls(calls: dict[str, Callable], rounds: int, cycles: int = CYCLES_PER
 def issue_hold_ms(calls: dict[str, Callable], flush) -> float:
     """``time_calls``' spin before each start event: HOLD_MARGIN × the longest host issue time
     of any call (the second of two untimed calls each; the first may compile), within
-    [MIN_HOLD_MS, MAX_HOLD_MS]. One hold for all, so every implementation meets the same idle pattern."""
+    [MIN_HOLD_MS, MAX_HOLD_MS]. One hold for all: every implementation meets the same idle
+    pattern."""
     import torch
 
     longest = 0.0
