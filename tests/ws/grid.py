@@ -2,6 +2,7 @@
 bitwise-repeatability check and the compute-sanitizer run."""
 import itertools
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -30,7 +31,12 @@ def grid(head_dims, groups, ragged, kv_heads=2, batch=1, seq_len=4096, **extra):
 
 def precompile(cases, build, request=None):
     """Compiles the kernels of the selected cases in parallel (nvcc dominates a serial run);
-    with ``request`` (the fixture's), cases that ``-k`` deselected are skipped."""
+    with ``request`` (the fixture's), cases that ``-k`` deselected are skipped. Not under
+    pytest-xdist: every worker would build every selected case, 16 threads each (16 workers
+    built 16 × 42 kernels and ran no case in 190 s; notes/coop_overlap.md, "Session 62"), and
+    the workers already compile side by side."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
     if request is not None:
         chosen = {id(item.callspec.params["case"]) for item in request.session.items
                   if "case" in getattr(getattr(item, "callspec", None), "params", {})}
