@@ -459,15 +459,18 @@ def run(kernels: list[str], args, suite: Suite = FORWARD) -> list[Row]:
     impls = suite.implementations(kernels)
     impls = {name: impls[name] for name in order if not args.impl or name in args.impl}
     is_lab = {name for name in impls if name in registry.KERNELS}
+    device = torch.cuda.get_device_name()
+    print(f"\n{device}, torch {torch.__version__}; ×peer = peer ms / row ms", flush=True)
     rows = []
     for shape in args.cases:
-        rows += suite.measure(shape, impls, is_lab, args.rounds, args.timer)
-    device = torch.cuda.get_device_name()
-    print(f"\n{device}, torch {torch.__version__}; ×peer = peer ms / row ms\n")
-    print(table(rows, suite.peers))
-    if args.json:
-        args.json.write_text(json.dumps({"device": device, "rows": [asdict(r) for r in rows]},
-                                        indent=1))
+        shape_rows = suite.measure(shape, impls, is_lab, args.rounds, args.timer)
+        rows += shape_rows
+        # each shape's table, and the JSON so far, once the shape is timed: a run stopped at a
+        # time limit keeps every shape it finished (notes/bwd.md, "Session 63")
+        print(f"\n{table(shape_rows, suite.peers)}", flush=True)
+        if args.json:
+            args.json.write_text(json.dumps({"device": device,
+                                             "rows": [asdict(r) for r in rows]}, indent=1))
     if args.plot:
         plot(rows, args.plot)
     return rows

@@ -293,3 +293,34 @@ def test_the_bench_takes_the_call_by_call_timer():
     args = bench.parse_args(["--timer", "calls"], ["llama8b-4k"])
     assert bench.TIMERS[args.timer] is timing.time_calls
     assert bench.parse_args([], ["llama8b-4k"]).timer == "rounds"
+
+
+def test_each_timed_shape_is_printed_and_saved_before_the_next_starts(monkeypatch, tmp_path,
+                                                                      capsys):
+    """A bench stopped during its second shape (a time limit, here an exception) has already
+    printed the first shape's table and written its rows to --json."""
+    import json
+
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "a test device")
+
+    def measure(shape, impls, is_lab, rounds, timer):
+        if shape.name == "train8b-4k":
+            raise TimeoutError("the second shape never finishes")
+        return [bench.Row("pipelined", shape.name, shape.seq_len, "causal", shape.dtype,
+                          ms=1.5, round_ms=[1.5])]
+
+    suite = bench.Suite([], lambda kernels: {"pipelined": None}, measure)
+    out = tmp_path / "rows.json"
+    args = bench.parse_args(["--shape", "llama8b-4k", "--shape", "train8b-4k", "--json",
+                             str(out)], ["llama8b-4k"])
+    with pytest.raises(TimeoutError):
+        bench.run(["pipelined"], args, suite)
+    saved = json.loads(out.read_text())
+    assert saved["device"] == "a test device"
+    assert [(r["impl"], r["shape"], r["ms"]) for r in saved["rows"]] == [
+        ("pipelined", "llama8b-4k", 1.5)]
+    printed = capsys.readouterr().out
+    assert "| pipelined | llama8b-4k |" in printed and "train8b-4k |" not in printed
