@@ -14,6 +14,14 @@ def main_kernel_steps(seq_len, group, causal, block_kv, block_q, head_splits):
     return group // head_splits * max(walk), group * sum(walk)
 
 
+def block_q(head_dim) -> int:
+    """The main kernel's Q rows a step (``pipelined.Config.block_q``): 128 at D ≤ 64, FA3's and
+    FA-CuTe's hdim-64 tile (128 × 128; dK, dV and dQ 32 registers each, half the steps for the
+    same GEMM work); 64 above, where 128 would not fit the registers (notes/bwd.md,
+    "Session 36", "Session 63")."""
+    return 128 if head_dim <= 64 else 64
+
+
 def head_splits(batch, seq_len, kv_heads, group, causal, block_kv, block_q, sms) -> int:
     """The fewest splits of the query group (a divisor of it) for which no CTA walks longer
     than the SMs' mean share of all steps, else the most: with the group whole, Qwen2.5-0.5B's

@@ -406,12 +406,13 @@ def supports(shape, backend: str = "pipelined") -> Support:
     return support
 
 
-def planned_config(batch, seq_len, heads, kv_heads, causal, sms) -> Config:
-    """``DEFAULT`` with the group split as ``heuristics.head_splits`` plans it on ``sms`` SMs
-    (for a dynamic batch's kernels, which serve every batch, plan for batch 1)."""
-    return dataclasses.replace(DEFAULT, head_splits=heuristics.head_splits(
-        batch, seq_len, kv_heads, heads // kv_heads, causal, DEFAULT.block_kv, DEFAULT.block_q,
-        sms))
+def planned_config(batch, seq_len, heads, kv_heads, head_dim, causal, sms) -> Config:
+    """``DEFAULT`` with ``heuristics.block_q``'s Q rows a step for ``head_dim`` and the group
+    split as ``heuristics.head_splits`` plans it on ``sms`` SMs (for a dynamic batch's
+    kernels, which serve every batch, plan for batch 1)."""
+    tiles = dataclasses.replace(DEFAULT, block_q=heuristics.block_q(head_dim))
+    return dataclasses.replace(tiles, head_splits=heuristics.head_splits(
+        batch, seq_len, kv_heads, heads // kv_heads, causal, tiles.block_kv, tiles.block_q, sms))
 
 
 def prim_func_for(shape, config: Config = DEFAULT, backend: str = "pipelined"):
@@ -492,8 +493,8 @@ def attention_bwd(q, k, v, out, dout, lse, causal=False, softmax_scale=None, *, 
     require_device(q.device, "cuda")
     if config is None and backend == "pipelined":
         config = DEFAULT if deterministic else planned_config(
-            1 if dynamic_batch else dims.batch, dims.seq_len, dims.heads, dims.kv_heads, causal,
-            torch.cuda.get_device_properties(q.device).multi_processor_count)
+            1 if dynamic_batch else dims.batch, dims.seq_len, dims.heads, dims.kv_heads,
+            dims.head_dim, causal, torch.cuda.get_device_properties(q.device).multi_processor_count)
     out, dout, lse = out.contiguous(), dout.contiguous(), lse.contiguous()
     dk = torch.empty_like(k) if dk is None else dk
     dv = torch.empty_like(v) if dv is None else dv

@@ -327,9 +327,10 @@ def test_split_heads_add_dk_and_dv_by_one_reduce_add_each(tmp_path):
     """With head splits the main kernel adds dK then dV into their fp32 accumulators by one
     bulk reduce-add each (the whole (block_kv, D + pad) tile: a contiguous run of the
     accumulator), and keeps every GEMM on wgmma with no spill (the grid and walk: the test
-    above)."""
+    above). The Qwen-like shape's plan: 128 Q rows a step at D 64, the group split 7 ways."""
     shape = shapes.Shape("bwd-split", 3, 14, 2, 456, 64, 64, True, "bfloat16")
-    cfg = dataclasses.replace(pipelined.DEFAULT, head_splits=7)
+    cfg = pipelined.planned_config(3, 456, 14, 2, 64, True, 132)
+    assert (cfg.block_q, cfg.head_splits) == (128, 7)
     func = pipelined.flash_bwd(3, 456, 14, 2, 64, True, "bfloat16", 0.125, cfg)
     emitted = emit.lower_variant("bwd-pipelined", shape, func, pipelined.PASS_CONFIGS)
     src = emitted.postprocessed
@@ -341,7 +342,7 @@ def test_split_heads_add_dk_and_dv_by_one_reduce_add_each(tmp_path):
         assert len(re.findall(rf"\b{name}\[", src)) == 1, name  # nothing else writes it
     summary = emit.inspect(emitted, tmp_path)
     assert summary.spill_bytes == 0 and summary.stack_frame == 0, summary.format()
-    assert sum(summary.hgmma.values()) == 24, summary.hgmma  # the 5 GEMMs at D 64, as unsplit
+    assert sum(summary.hgmma.values()) == 32, summary.hgmma  # the 5 GEMMs at D 64, bn 128
 
 
 def test_split_heads_are_refused_in_the_deterministic_mode():
@@ -367,9 +368,8 @@ def _op_kernels(batch):
         "pre": (prepost.preprocess(*rows, 0.125, planes=pipelined.DEFAULT.dq_planes), None),
         "pre_delta": (prepost.preprocess(*rows, 0.125, clear_dq=False), None),
         "main": (pipelined.flash_bwd(*args), pipelined.PASS_CONFIGS),
-        # planned_config at this shape and batch 1: the group split in 4
-        "main_split": (pipelined.flash_bwd(*args, dataclasses.replace(pipelined.DEFAULT,
-                                                                      head_splits=4)),
+        "main_split": (pipelined.flash_bwd(*args, pipelined.planned_config(1, 1000, 8, 2, 64,
+                                                                           True, 132)),
                        pipelined.PASS_CONFIGS),
         "post_kv": (prepost.postprocess(batch, 1000, 2, 64, "bfloat16", 1), None),
         "main_no_dq": (pipelined.flash_bwd(*args, with_dq=False), pipelined.PASS_CONFIGS),

@@ -462,7 +462,7 @@ for d, causal, s in ((64, True, 127), (128, False, 200)):
     dout = torch.randn_like(q)
     out, lse = oracle.attention_ref(q, k, v, causal=causal)
     want = oracle.attention_bwd_ref(q, k, v, dout, causal=causal)
-    planned = pipelined.planned_config(1, s, 8, 2, causal, 132)  # the group split in 4 here
+    planned = pipelined.planned_config(1, s, 8, 2, d, causal, 132)  # the group split in 4 here
     for options in (dict(config=planned), dict(config=pipelined.DEFAULT),
                     dict(dynamic_batch=True)):  # the op's kernels: B at launch, the plan's split
         grads = pipelined.attention_bwd(q, k, v, out.to(q.dtype), dout, lse.float(), causal,
