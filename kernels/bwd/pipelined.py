@@ -105,6 +105,11 @@ class Config:
     # by bulk reduce-add, cast afterwards (TileOPs' one head a CTA, for grids too small or too
     # uneven to fill the SMs; the rule is ``heuristics.head_splits``).
     head_splits: int = 1
+    # Programmatic dependent launch: the main kernel starts while the preprocess ends and waits
+    # for its outputs; the postprocess starts while the main kernel's last wave runs (short
+    # launches, as the Qwen row's 52 µs main kernel, pay their gaps most; ``ws.Config.pdl``
+    # measured level on the 8B rows). Off until measured (notes/bwd.md, "Session 63").
+    pdl: bool = False
 
 
 # 2 consumer warpgroups of 64 K/V rows each, 64 Q rows a step: Sᵀ, dPᵀ and dQ 32 registers a
@@ -181,6 +186,9 @@ def flash_bwd(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softmax_
                 dq_s = T.alloc_shared(
                     [cfg.dq_planes, bn, head_dim // cfg.dq_planes + prepost.DQ_PAD], accum)
 
+            if cfg.pdl:
+                T.pdl_trigger()  # the postprocess may launch once every CTA is here
+                T.pdl_sync()  # lse·log2 e, Δ·scale and the cleared accumulators are the preprocess'
             T.copy(K[bz, bx * bm:(bx + 1) * bm, kvh, :], k_s)
             T.copy(V[bz, bx * bm:(bx + 1) * bm, kvh, :], v_s)
             T.clear(dk)
@@ -519,22 +527,24 @@ def attention_bwd(q, k, v, out, dout, lse, causal=False, softmax_scale=None, *, 
     dq_accum = torch.empty(prepost.dq_accum_shape(dims.batch, dims.seq_len, dims.heads,
                                                   dims.head_dim, planes),
                            dtype=torch.float32, device=q.device)
+    pdl = config.pdl
     if config.head_splits == 1:
-        prepost.compiled_preprocess(*pre_rows, planes=planes)(out, dout, lse, delta_scaled,
-                                                              lse_log2, dq_accum)
+        prepost.compiled_preprocess(*pre_rows, planes=planes, pdl=pdl)(
+            out, dout, lse, delta_scaled, lse_log2, dq_accum)
         compiled(*problem, config)(q, k, v, dout, lse_log2, delta_scaled, dq_accum, dk, dv)
-        prepost.compiled_postprocess(*rows, planes)(dq_accum, dq)
+        prepost.compiled_postprocess(*rows, planes, pdl=pdl)(dq_accum, dq)
         return dq, dk, dv
     # split heads add dK and dV into fp32 accumulators, cleared and cast beside dQ's in the
     # same two launches (notes/bwd.md "Session 61")
     kv_accum = torch.empty(prepost.kv_accum_shape(dims.batch, dims.seq_len, dims.kv_heads,
                                                   dims.head_dim),
                            dtype=torch.float32, device=q.device)
-    prepost.compiled_preprocess(*pre_rows, planes=planes, clear_kv_heads=dims.kv_heads)(
+    prepost.compiled_preprocess(*pre_rows, planes=planes, pdl=pdl,
+                                clear_kv_heads=dims.kv_heads)(
         out, dout, lse, delta_scaled, lse_log2, dq_accum, kv_accum)
     compiled(*problem, config)(q, k, v, dout, lse_log2, delta_scaled, dq_accum, *kv_accum)
-    prepost.compiled_postprocess(*rows, planes, kv_heads=dims.kv_heads)(dq_accum, dq, kv_accum,
-                                                                        dk, dv)
+    prepost.compiled_postprocess(*rows, planes, pdl=pdl, kv_heads=dims.kv_heads)(
+        dq_accum, dq, kv_accum, dk, dv)
     return dq, dk, dv
 
 

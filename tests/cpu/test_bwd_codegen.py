@@ -420,3 +420,26 @@ def test_the_rows_past_s_reach_shared_memory_as_zeros(seq_len):
                              source)
         assert (f"tma_load({rows}_desc" in source, len(guarded)) == (
             (True, 0) if seq_len % 4 == 0 else (False, 1)), rows
+
+
+@needs_nvcc
+def test_the_pipelined_pdl_option_waits_before_any_load(tmp_path):
+    """``pipelined.Config(pdl=True)`` on the Qwen-like plan: every thread lets the postprocess
+    launch, then waits for the preprocess, before the first TMA load; the kernel is marked for
+    a programmatic launch and spills nothing. Without it the kernel holds no PDL call."""
+    plan = pipelined.planned_config(8, 456, 14, 2, 64, True, 132)
+    on_cfg = dataclasses.replace(plan, pdl=True)
+    shape = shapes.Shape("bwd-pdl", 8, 14, 2, 456, 64, 64, True, "bfloat16")
+    args = (8, 456, 14, 2, 64, True, "bfloat16", 0.125)
+    on_art = emit.lower_prim_func(pipelined.flash_bwd(*args, on_cfg), pipelined.PASS_CONFIGS)
+    src = on_art.kernel_source
+    trigger = src.index("cudaTriggerProgrammaticLaunchCompletion()")
+    wait = src.index("cudaGridDependencySynchronize()")
+    assert trigger < wait < src.index("tl::tma_load(")
+    assert src.count("cudaGridDependencySynchronize()") == 1
+    assert "has_cuda_pdl_sync" in str(on_art.device_mod)
+    emitted = emit.lower_variant("bwd-pipelined", shape, pipelined.flash_bwd(*args, on_cfg),
+                                 pipelined.PASS_CONFIGS)
+    assert emit.inspect(emitted, tmp_path).spill_bytes == 0
+    off = emit.lower_prim_func(pipelined.flash_bwd(*args, plan), pipelined.PASS_CONFIGS)
+    assert "Programmatic" not in off.kernel_source and "GridDependency" not in off.kernel_source

@@ -129,6 +129,22 @@ def test_the_ws_pdl_option_matches_the_oracle(head_dim, causal, dtype, group, se
                                    config=ws.Config(pdl=True))
 
 
+@pytest.mark.parametrize("head_dim,causal,dtype,group,seq_len", CASES[::2])
+def test_the_pipelined_pdl_option_matches_the_oracle(head_dim, causal, dtype, group, seq_len):
+    """``pipelined.Config(pdl=True)`` on each case's plan (split heads or not; not the default
+    until measured): the same bound."""
+    import dataclasses
+
+    import torch
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    batch, kv_heads = (1, 2) if seq_len == 4096 else (2, 2)
+    plan = pipelined.planned_config(batch, seq_len, kv_heads * group, kv_heads, head_dim,
+                                    causal, sms)
+    assert_case_matches_the_oracle(head_dim, causal, dtype, group, seq_len,
+                                   config=dataclasses.replace(plan, pdl=True))
+
+
 @pytest.mark.parametrize("head_dim,causal,dtype,group,seq_len", WS_CASES[1::2])
 @pytest.mark.parametrize("pdl", [False, True])
 def test_the_ws_zero_next_option_matches_the_oracle_call_after_call(head_dim, causal, dtype,
