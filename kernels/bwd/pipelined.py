@@ -107,8 +107,8 @@ class Config:
     head_splits: int = 1
     # Programmatic dependent launch: the main kernel starts while the preprocess ends and waits
     # for its outputs; the postprocess starts while the main kernel's last wave runs (short
-    # launches, as the Qwen row's 52 µs main kernel, pay their gaps most; ``ws.Config.pdl``
-    # measured level on the 8B rows). Off until measured (notes/bwd.md, "Session 63").
+    # launches pay their gaps most: on the Qwen row 1.036 × without, H100; ``planned_config``
+    # turns it on; notes/bwd.md, "Session 64").
     pdl: bool = False
 
 
@@ -233,9 +233,10 @@ def flash_bwd(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softmax_
                     stage_dq(dq_frag, dq_s, dQ, bz, h, qt * bn)
                     T.wait_wgmma(0)
                     T.warpgroup_fence_operand(dk, num_regs=bm * head_dim // cfg.threads)
-                    # the pipeline frees a stage after its tiles' last access, and an issued
-                    # wgmma is no finished read: reading them here holds it until dK is done
-                    stage_hold[0] = q_s[0, 0] + do_s[0, 0]
+                    # an issued wgmma is no finished read: reading its operands here holds the
+                    # pipeline's stage, and keeps dSᵀ's bytes from dQ's staging tile where the
+                    # walk is one step and TileLang's reuse merges them (notes/bwd.md, "Session 64")
+                    stage_hold[0] = q_s[0, 0] + do_s[0, 0] + ds_s[0, 0]
                 else:
                     _gemm(ds_s, q_s, dk)
             if with_dq:  # the last reduce-add has read dq_s before dkv_s may reuse its bytes
@@ -415,10 +416,11 @@ def supports(shape, backend: str = "pipelined") -> Support:
 
 
 def planned_config(batch, seq_len, heads, kv_heads, head_dim, causal, sms) -> Config:
-    """``DEFAULT`` with ``heuristics.block_q``'s Q rows a step for ``head_dim`` and the group
+    """``DEFAULT`` with ``heuristics.block_q``'s Q rows a step for ``head_dim``, the group
     split as ``heuristics.head_splits`` plans it on ``sms`` SMs (for a dynamic batch's
-    kernels, which serve every batch, plan for batch 1)."""
-    tiles = dataclasses.replace(DEFAULT, block_q=heuristics.block_q(head_dim))
+    kernels, which serve every batch, plan for batch 1) and the launches programmatic
+    (``Config.pdl``)."""
+    tiles = dataclasses.replace(DEFAULT, block_q=heuristics.block_q(head_dim), pdl=True)
     return dataclasses.replace(tiles, head_splits=heuristics.head_splits(
         batch, seq_len, kv_heads, heads // kv_heads, causal, tiles.block_kv, tiles.block_q, sms))
 

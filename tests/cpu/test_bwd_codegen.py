@@ -424,11 +424,12 @@ def test_the_rows_past_s_reach_shared_memory_as_zeros(seq_len):
 
 @needs_nvcc
 def test_the_pipelined_pdl_option_waits_before_any_load(tmp_path):
-    """``pipelined.Config(pdl=True)`` on the Qwen-like plan: every thread lets the postprocess
-    launch, then waits for the preprocess, before the first TMA load; the kernel is marked for
-    a programmatic launch and spills nothing. Without it the kernel holds no PDL call."""
-    plan = pipelined.planned_config(8, 456, 14, 2, 64, True, 132)
-    on_cfg = dataclasses.replace(plan, pdl=True)
+    """The Qwen-like plan (``pdl`` on): every thread lets the postprocess launch, then waits
+    for the preprocess, before the first TMA load; the kernel is marked for a programmatic
+    launch and spills nothing. With ``pdl=False`` the kernel holds no PDL call."""
+    on_cfg = pipelined.planned_config(8, 456, 14, 2, 64, True, 132)
+    assert on_cfg.pdl
+    plan = dataclasses.replace(on_cfg, pdl=False)
     shape = shapes.Shape("bwd-pdl", 8, 14, 2, 456, 64, 64, True, "bfloat16")
     args = (8, 456, 14, 2, 64, True, "bfloat16", 0.125)
     on_art = emit.lower_prim_func(pipelined.flash_bwd(*args, on_cfg), pipelined.PASS_CONFIGS)
@@ -443,3 +444,19 @@ def test_the_pipelined_pdl_option_waits_before_any_load(tmp_path):
     assert emit.inspect(emitted, tmp_path).spill_bytes == 0
     off = emit.lower_prim_func(pipelined.flash_bwd(*args, plan), pipelined.PASS_CONFIGS)
     assert "Programmatic" not in off.kernel_source and "GridDependency" not in off.kernel_source
+
+
+@pytest.mark.parametrize("head_dim,block_q", [(64, 128), (64, 64), (128, 64)])
+def test_a_one_step_walk_keeps_ds_apart_from_dq_staging(head_dim, block_q):
+    """Where a CTA's walk is one step (S 127, the group split 4 ways) TileLang drops the loop
+    and its shared-memory reuse goes by program order: dQ's staging tile, written while the dK
+    GEMM still reads dSᵀ, must not take dSᵀ's bytes (it did at block_q 128: dK wrong, H100,
+    notes/bwd.md "Session 64")."""
+    cfg = dataclasses.replace(pipelined.DEFAULT, block_q=block_q, head_splits=4)
+    func = pipelined.flash_bwd(1, 127, 4, 1, head_dim, False, "bfloat16", head_dim ** -0.5, cfg)
+    source = emit.lower_prim_func(func, pipelined.PASS_CONFIGS).kernel_source
+    at = {name: int(offset) for name, offset in
+          re.findall(r"void\* (\w+) = \(\(void\*\)\(\(char\*\)buf_dyn_shmem \+ (\d+)\)\)", source)}
+    ds = (at["ds_s"], at["ds_s"] + cfg.block_kv * block_q * 2)
+    dq = (at["dq_s"], at["dq_s"] + block_q * (head_dim + prepost.DQ_PAD) * 4)
+    assert ds[1] <= dq[0] or dq[1] <= ds[0], (ds, dq)
