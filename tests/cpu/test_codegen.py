@@ -101,7 +101,8 @@ def test_repro_bundle_for_every_pin():
                              "e4m3_register_operand",
                              "fence_operand_num_regs", "fence_proxy_for_unrelated_smem",
                              "gemm_fence_two_warpgroups", "reshape_past_int32_bits",
-                             "shared_annotation_aliases_params", "smem_reuse_without_syncs",
+                             "shared_annotation_aliases_params", "smem_reuse_past_async_wgmma",
+                             "smem_reuse_without_syncs",
                              "stripe_fragment_layout", "wgmma_fence_before_wait"]
     lab_words = ("ws_lab", "ws-lab", "NOTES", "kernels/", "session", "the lab", "coop", "tests/")
     for name in repro.names():
