@@ -40,8 +40,9 @@ Grid (``kv_grid``): causal, every head's K/V tile 0 (the longest walk) launches 
   are masked.
   Compiled with fast math (ex2.approx.ftz for Pᵀ). Correct on the H100 over the grid of
   tests/ws/test_bwd.py; 0.94–0.96 × TileOPs' backward on the full rows, 0.86–0.89 × on the
-  causal ones (where ``attention_bwd`` now runs ``ws``, "Session 53"); on the Qwen row 0.993 ×
-  TileOPs split 7 ways (notes/bwd.md, "Session 52"; 0.66 × whole, "Session 51").
+  causal ones (where ``attention_bwd`` now runs ``ws``, "Session 53"); on the Qwen row, its plan
+  (split 7 ways, 128 Q rows a step at D 64, PDL) 1.033 × FA-CuTe's backward and 1.202 ×
+  TileOPs' (notes/bwd.md, "Session 64"; the group whole 0.66 × TileOPs, "Session 51").
 
 Deterministic mode (``attention_bwd(..., deterministic=True)``): the main kernel without dQ
 (``with_dq=False``: four GEMMs), then ``flash_bwd_dq``, FA2's separate dQ pass in place of FA3's
