@@ -81,13 +81,19 @@ def score_mask(causal: bool, seq_len: int, rows: int, block_n: int, accum="float
     def mask(acc_s, kb, row0):
         if causal:
             if needs_mask(kb, row0):
+                # both sides less the thread's first column in a wgmma accumulator: the
+                # simplifier cancels it on the left, leaving each key an immediate against a
+                # per-row limit, FA3's form (notes/fp8.md, "Session 65")
+                col0 = T.get_thread_binding() % 4 * 2
                 for i, j in T.Parallel(rows, block_n):
-                    acc_s[i, j] = T.if_then_else(row0 + i >= kb * block_n + j, acc_s[i, j],
-                                                 neg_inf)
+                    acc_s[i, j] = T.if_then_else(j - col0 <= row0 + i - kb * block_n - col0,
+                                                 acc_s[i, j], neg_inf)
         elif seq_len % block_n:
             if needs_mask(kb, row0):
+                col0 = T.get_thread_binding() % 4 * 2  # as above
                 for i, j in T.Parallel(rows, block_n):
-                    acc_s[i, j] = T.if_then_else(kb * block_n + j < seq_len, acc_s[i, j], neg_inf)
+                    acc_s[i, j] = T.if_then_else(j - col0 < seq_len - kb * block_n - col0,
+                                                 acc_s[i, j], neg_inf)
 
     return mask
 

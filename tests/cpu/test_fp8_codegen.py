@@ -174,8 +174,9 @@ def test_the_descending_design_walks_kv_down_with_the_masked_blocks_first(tmp_pa
     """``design="coop-overlap-rs-desc"`` (``coop.Config.kv_descending``, FA3's order): the
     producer loads key block n − 1 − kb into iteration kb's stage; causal, each warpgroup's
     loop runs its masked iterations (the mask's FSELs) before the unmasked ones, and only the
-    first block's softmax checks for a wholly masked row (-inf max); full and ragged, one
-    unmasked loop (the ragged block is the first); no spill."""
+    first block's softmax checks for a wholly masked row (-inf max), and no key's test adds
+    its column (FA3's form); full and ragged, one unmasked loop (the ragged block is the
+    first); no spill."""
     shape = shapes.SHAPES[name]
     emitted = emit.lower("fp8-coop-rs-desc", shape)
     summary = emit.inspect(emitted, tmp_path)
@@ -185,6 +186,9 @@ def test_the_descending_design_walks_kv_down_with_the_masked_blocks_first(tmp_pa
     assert len(k_loads) == 1 and "- (kb * 224)" in k_loads[0]  # the key row falls with kb
     masked = [loop.opcodes["FSEL"] >= 100 for loop in summary.gemm_loops]
     assert masked == ([True, False] * 2 if causal else [False] * 2), summary.format()
+    # FA3's mask: each key's column an immediate against its row's limit, no add a key
+    # (58 VIADD a masked block before, notes/fp8.md "Session 65")
+    assert all(loop.opcodes.get("VIADD", 0) < 8 for loop in summary.gemm_loops), summary.format()
     assert emitted.source.count("float safe_max") == (2 if causal else 0)
 
 
