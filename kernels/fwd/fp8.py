@@ -53,7 +53,8 @@ loop. Correct on the grid (H100); timed call by call, 0.909 / 0.938 / 0.987 / 1.
 on llama8b-4k / -8k, train8b-4k / -8k, 1.00–1.05 × the fourth (notes/fp8.md, "Session 60").
 An eighth, ``design="coop-overlap-rs-persistent-desc"`` (``fp8-coop-rs-persistent-desc``), is
 the sixth walking downward: correct on the grid and both sanitizers (H100), 0.994 / 0.952 /
-0.938 × FA3 FP8 on train8b-4k, llama8b-8k and llama8b-4k (notes/fp8.md, "Session 62").
+0.938 × FA3 FP8 on train8b-4k, llama8b-8k and llama8b-4k (notes/fp8.md, "Session 62"); with
+FA3's mask form (each key an immediate) 0.960 / 0.947 on llama8b-8k / -4k ("Session 66").
 ``attention_fp8``'s default, ``design="auto"``, runs ``heuristics.fp8_design``'s pick: the
 seventh where e4m3 K / V exceed half of L2 (train8b-8k: 1.007 × FA3 FP8), the eighth elsewhere,
 the first when the lse is asked for.
