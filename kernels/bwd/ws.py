@@ -23,8 +23,8 @@ the K/V tiles of ``fill`` KV heads together, tile 0 first (``tile_scheduler.grou
 and dQ adds stay within a few heads; 1.04–1.09 × every head's tiles together on the causal 8B
 rows, notes/bwd.md "Session 53").
 A consumer's step (slot = step mod 2), its 64 K/V rows as the GEMMs' M:
-  Sᵀ = K_w Qᵀ, dPᵀ = V_w dOᵀ (SS, issued together); lse·log2 e (then Δ·scale) into registers
-       while they run
+  lse·log2 e, then Sᵀ = K_w Qᵀ; Δ·scale, then dPᵀ = V_w dOᵀ (SS, issued together; each row
+       read into registers ahead of its GEMM)
   Pᵀ = exp2(Sᵀ·scale·log2 e − lse·log2 e) (masked on the diagonal's tiles; half the exponents
        before dPᵀ's wait, half among dSᵀ's FMAs); dSᵀ = Pᵀ ∘ (dPᵀ·scale − Δ·scale) → its own dS
        tile ``ds_s[slot, w]``, ds_ready[slot, w]
@@ -280,13 +280,14 @@ def flash_bwd_ws(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softm
             hh, qt = step(bx, it)
             slot, phase = it % 2, (it // 2) % 2
             T.mbarrier_wait_parity(q_full[slot], phase)
+            # lse and Δ read before their GEMMs: behind HGMMAs a load waits for the tensor core
+            # to take them (notes/bwd.md "Session 67")
+            for i, j in T.Parallel(HALF, bn):
+                lse_r[i, j] = lse_s[slot, j]
             T.wgmma_gemm(k_s[w, :, :], q_s[slot, :, :], st, transpose_B=True, clear_accum=True)
             T.mbarrier_wait_parity(do_full[slot], phase)
             T.wgmma_gemm(v_s[w, :, :], do_s[slot, :, :], dpt, transpose_B=True,
                           clear_accum=True)
-            # read while Sᵀ is in flight: after the wait they would delay every exponent
-            for i, j in T.Parallel(HALF, bn):
-                lse_r[i, j] = lse_s[slot, j]
             T.wait_wgmma(1)
             T.warpgroup_fence_operand(st, num_regs=HALF * bn // 128)
             for i, j in T.Parallel(HALF, bn):
@@ -300,7 +301,7 @@ def flash_bwd_ws(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softm
             for i, j in T.Parallel(HALF, bn):
                 if j < bn // 2:
                     st[i, j] = T.exp2(st[i, j])
-            for i, j in T.Parallel(HALF, bn):  # read while dPᵀ is in flight
+            for i, j in T.Parallel(HALF, bn):
                 dl_r[i, j] = dl_s[slot, j]
             T.wait_wgmma(0)
             T.warpgroup_fence_operand(dpt, num_regs=HALF * bn // 128)
