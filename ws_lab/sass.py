@@ -97,6 +97,9 @@ class GemmLoop:
     start: int
     end: int
     opcodes: Counter
+    # shared-memory loads issued ahead of the loop's first wgmma: a load issued behind wgmma
+    # waits for the tensor core to take them (notes/bwd.md "Session 67, later")
+    lds_before_gemm: int = 0
 
     @property
     def instructions(self) -> int:
@@ -126,6 +129,17 @@ def _addressed_instructions(sass: str) -> list[tuple[int, str]]:
     return [(int(m.group(1), 16), m.group(2).strip()) for m in _LINE.finditer(sass)]
 
 
+def _lds_before_gemm(lines, start: int) -> int:
+    """The LDS from ``start`` up to the first wgmma."""
+    count = 0
+    for _, ins in (line for line in lines if line[0] >= start):
+        op = _opcode(ins).split(".")[0]
+        if op in ("HGMMA", "QGMMA"):
+            return count
+        count += op == "LDS"
+    return count
+
+
 def gemm_loops(sass: str) -> list[GemmLoop]:
     """The innermost loops of one function's SASS that issue wgmma, in address order: each
     predicated backward branch closes a loop; one that holds a GEMM and no smaller such loop
@@ -138,7 +152,8 @@ def gemm_loops(sass: str) -> list[GemmLoop]:
             body = Counter(_opcode(i).split(".")[0] for a, i in lines
                            if int(m.group(1), 16) <= a <= address)
             if body["HGMMA"] or body["QGMMA"]:
-                spans.append(GemmLoop(int(m.group(1), 16), address, body))
+                spans.append(GemmLoop(int(m.group(1), 16), address, body,
+                                      _lds_before_gemm(lines, int(m.group(1), 16))))
     inner = [s for s in spans if not any(o is not s and s.start <= o.start and o.end <= s.end
                                          for o in spans)]
     return sorted(inner, key=lambda loop: loop.start)

@@ -33,6 +33,9 @@ def test_the_ws_backward_compiles_to_five_gemms_on_mbarriers_alone(tmp_path, cau
     assert summary.counts["BAR"] == 1, summary.format()  # the barriers' init only
     assert len(summary.gemm_loops) == 2 and all(loop.opcodes["BAR"] == 0
                                                 for loop in summary.gemm_loops)
+    # lse·log2 e read ahead of Sᵀ's GEMM, a thread's 16 columns as LDS.64: behind the GEMMs the
+    # loads wait for the tensor core (notes/bwd.md "Session 67, later")
+    assert [loop.lds_before_gemm for loop in summary.gemm_loops] == [ws.BLOCK_Q // 8] * 2
     # the mbarriers' arrival counts, as the docstring's table gives them
     inits = dict(re.findall(r"(\w+\[\d\])\.init\((\d+)\)", emitted.source))
     assert inits == {"kv_full[0]": "32", "q_full[0]": "32", "q_full[1]": "32",
