@@ -23,8 +23,8 @@ the K/V tiles of ``fill`` KV heads together, tile 0 first (``tile_scheduler.grou
 and dQ adds stay within a few heads; 1.04–1.09 × every head's tiles together on the causal 8B
 rows, notes/bwd.md "Session 53").
 A consumer's step (slot = step mod 2), its 64 K/V rows as the GEMMs' M:
-  lse·log2 e, then Sᵀ = K_w Qᵀ; Δ·scale, then dPᵀ = V_w dOᵀ (SS, issued together; each row
-       read into registers ahead of its GEMM)
+  lse·log2 e into registers, then Sᵀ = K_w Qᵀ and dPᵀ = V_w dOᵀ (SS, issued together);
+       Δ·scale into registers while dPᵀ runs
   Pᵀ = exp2(Sᵀ·scale·log2 e − lse·log2 e) (masked on the diagonal's tiles; half the exponents
        before dPᵀ's wait, half among dSᵀ's FMAs); dSᵀ = Pᵀ ∘ (dPᵀ·scale − Δ·scale) → its own dS
        tile ``ds_s[slot, w]``, ds_ready[slot, w]
@@ -280,8 +280,8 @@ def flash_bwd_ws(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softm
             hh, qt = step(bx, it)
             slot, phase = it % 2, (it // 2) % 2
             T.mbarrier_wait_parity(q_full[slot], phase)
-            # lse and Δ read before their GEMMs: behind HGMMAs a load waits for the tensor core
-            # to take them (notes/bwd.md "Session 67")
+            # lse read before the GEMMs: behind HGMMAs a load waits for the tensor core to take
+            # them (notes/bwd.md "Session 67, later"; Δ read early too spills)
             for i, j in T.Parallel(HALF, bn):
                 lse_r[i, j] = lse_s[slot, j]
             T.wgmma_gemm(k_s[w, :, :], q_s[slot, :, :], st, transpose_B=True, clear_accum=True)
@@ -301,7 +301,7 @@ def flash_bwd_ws(batch, seq_len, heads, kv_heads, head_dim, causal, dtype, softm
             for i, j in T.Parallel(HALF, bn):
                 if j < bn // 2:
                     st[i, j] = T.exp2(st[i, j])
-            for i, j in T.Parallel(HALF, bn):
+            for i, j in T.Parallel(HALF, bn):  # read while dPᵀ is in flight
                 dl_r[i, j] = dl_s[slot, j]
             T.wait_wgmma(0)
             T.warpgroup_fence_operand(dpt, num_regs=HALF * bn // 128)
