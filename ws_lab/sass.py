@@ -148,12 +148,11 @@ def gemm_loops(sass: str) -> list[GemmLoop]:
     spans = []
     for address, ins in lines:
         m = _BACK_EDGE.search(ins)
-        if m and int(m.group(1), 16) < address:
-            body = Counter(_opcode(i).split(".")[0] for a, i in lines
-                           if int(m.group(1), 16) <= a <= address)
+        target = int(m.group(1), 16) if m else address
+        if target < address:
+            body = Counter(_opcode(i).split(".")[0] for a, i in lines if target <= a <= address)
             if body["HGMMA"] or body["QGMMA"]:
-                spans.append(GemmLoop(int(m.group(1), 16), address, body,
-                                      _lds_before_gemm(lines, int(m.group(1), 16))))
+                spans.append(GemmLoop(target, address, body, _lds_before_gemm(lines, target)))
     inner = [s for s in spans if not any(o is not s and s.start <= o.start and o.end <= s.end
                                          for o in spans)]
     return sorted(inner, key=lambda loop: loop.start)
