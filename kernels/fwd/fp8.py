@@ -212,8 +212,9 @@ def compiled(*args):
 
 def coop_config_for(causal: bool, persistent: bool = False, cluster: int = 1,
                     p_in_registers: bool = False, transpose_v: bool = False,
-                    kv_descending: bool = False) -> coop.Config:
-    """The coop-overlap designs' tiles: bn 256, 2 stages, pingpong on. bn 256 measured 1.06–1.10
+                    kv_descending: bool = False, pingpong: bool = True) -> coop.Config:
+    """The coop-overlap designs' tiles: bn 256, 2 stages, pingpong on unless ``pingpong``
+    False (``heuristics.fp8_pingpong``). bn 256 measured 1.06–1.10
     × bn 128 and the grid and sanitizers pass at it (notes/fp8.md, "Session 39", "Session 40").
     Shared memory at D 128: non-persistent 212 KB (Q, K / Vᵀ rings, P, the bf16 O tile);
     persistent 196 KB (Q's two slots, no O tile: O leaves from registers).
@@ -224,10 +225,10 @@ def coop_config_for(causal: bool, persistent: bool = False, cluster: int = 1,
     in the kernel (kernels/fwd/v_transpose.py): 220 KB. ``kv_descending``
     ("coop-overlap-rs-desc"): the fourth walking K/V downward, FA3's order."""
     if p_in_registers:
-        return coop.Config(224, 2, True, heavy_first=causal, p_in_registers=True,
+        return coop.Config(224, 2, pingpong, heavy_first=causal, p_in_registers=True,
                            transpose_v=transpose_v, persistent=persistent, cluster=cluster,
                            kv_descending=kv_descending)
-    return coop.Config(256, 2, True, heavy_first=causal,
+    return coop.Config(256, 2, pingpong, heavy_first=causal,
                        persistent=persistent, cluster=cluster)
 
 
@@ -283,7 +284,8 @@ def persistent_config(design: str, problem, l2_bytes: int, cluster=None) -> coop
         cluster = cluster_for(*problem[:4], problem[4], problem[4], l2_bytes, elem_bytes=1)
     return coop_config_for(problem[5], persistent=True, cluster=cluster,
                            p_in_registers=design in RS_DESIGNS,
-                           kv_descending=design in DESCENDING_DESIGNS)
+                           kv_descending=design in DESCENDING_DESIGNS,
+                           pingpong=heuristics.fp8_pingpong(design, problem[5]))
 
 
 TRANSPOSE_KEYS = 64  # keys a program of ``transpose_v`` moves (all Dv of them)

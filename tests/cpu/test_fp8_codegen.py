@@ -329,6 +329,20 @@ def test_the_default_design_follows_the_measured_rule(shape, design):
         "coop-overlap-rs-persistent-desc")
 
 
+@needs_nvcc
+@pytest.mark.parametrize("name,turns", [("llama8b-4k", False), ("train8b-4k", True)])
+def test_the_persistent_desc_design_drops_pingpong_on_causal_calls(tmp_path, name, turns):
+    """``heuristics.fp8_pingpong``: the persistent downward walk runs causal calls without the
+    warpgroups' issue turns (1.021 × pingpong on llama8b-4k, notes/fp8.md "Session 68") and
+    full ones with them; every other design keeps them."""
+    shape = shapes.get(name)
+    design = "coop-overlap-rs-persistent-desc"
+    assert heuristics.fp8_pingpong(design, shape.causal) == turns
+    assert all(heuristics.fp8_pingpong(d, shape.causal) for d in fp8.DESIGNS if d != design)
+    summary = emit.inspect(emit.lower("fp8-coop-rs-persistent-desc", shape), tmp_path)
+    assert bool(summary.issue_turns) == turns, summary.format()
+
+
 def test_the_hadamard_rotation_is_orthogonal_and_keeps_every_score():
     rotation = fp8.hadamard_rotation(128, seed=3)
     assert torch.allclose(rotation @ rotation.T, torch.eye(128, dtype=torch.float64),
