@@ -213,9 +213,9 @@ def compiled(*args):
 def coop_config_for(causal: bool, persistent: bool = False, cluster: int = 1,
                     p_in_registers: bool = False, transpose_v: bool = False,
                     kv_descending: bool = False, pingpong: bool = True) -> coop.Config:
-    """The coop-overlap designs' tiles: bn 256, 2 stages, pingpong on unless ``pingpong``
-    False (``heuristics.fp8_pingpong``). bn 256 measured 1.06–1.10
-    × bn 128 and the grid and sanitizers pass at it (notes/fp8.md, "Session 39", "Session 40").
+    """The coop-overlap designs' tiles: bn 256, 2 stages, pingpong unless ``pingpong`` is False
+    (``heuristics.fp8_pingpong``). bn 256 measured 1.06–1.10 × bn 128 and the grid and
+    sanitizers pass at it (notes/fp8.md, "Session 39", "Session 40").
     Shared memory at D 128: non-persistent 212 KB (Q, K / Vᵀ rings, P, the bf16 O tile);
     persistent 196 KB (Q's two slots, no O tile: O leaves from registers).
     ``p_in_registers`` ("coop-overlap-rs"): FA3's FP8 tile, bn 224, P from registers (S, P

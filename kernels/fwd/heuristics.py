@@ -24,7 +24,6 @@ def fp8_design(batch, seq_len, kv_heads, head_dim, return_lse: bool, l2_bytes: i
 def fp8_pingpong(design: str, causal: bool) -> bool:
     """Pingpong (FA3's scheduler barrier, which FA3 keeps for FP8 at D ≥ 128) on an FP8
     coop-overlap design: off for causal calls of "coop-overlap-rs-persistent-desc", 1.021 /
-    1.004 × pingpong on llama8b-4k / -8k, where the masked blocks' long softmax held the other
-    warpgroup's turn (0.996 on the full train8b-4k: on there; notes/fp8.md, "Session 68");
-    on elsewhere, where off was never timed."""
+    1.004 × pingpong on llama8b-4k / -8k (0.996 on the full train8b-4k: on there;
+    notes/fp8.md, "Session 68"); on elsewhere, where off was never timed."""
     return not (causal and design == "coop-overlap-rs-persistent-desc")
