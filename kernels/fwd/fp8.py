@@ -243,7 +243,8 @@ def design_config(design: str, causal: bool) -> coop.Config:
     """The tiles of a non-persistent coop-overlap design."""
     return coop_config_for(causal, p_in_registers=design in RS_DESIGNS,
                            transpose_v=design == "coop-overlap-rs-vt",
-                           kv_descending=design in DESCENDING_DESIGNS)
+                           kv_descending=design in DESCENDING_DESIGNS,
+                           pingpong=heuristics.fp8_pingpong(design, causal))
 
 
 def postproc_passes_for(design: str = "pipelined") -> tuple:
